@@ -1,0 +1,149 @@
+"""The located AST of an .aspl file: frozen dataclasses, each with a Span.
+
+Spans do not take part in equality, so `parse(format(ast)) == ast` holds for the round trip.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+from aspc.span import Span
+
+
+def _span() -> Span:
+    return field(compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Int:
+    value: int
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Float:
+    value: float
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Size:
+    """A token count written with a binary suffix: 2k = 2048, 1M = 1048576."""
+
+    text: str
+    span: Span = _span()
+
+    @property
+    def value(self) -> int:
+        scale = 1024 if self.text[-1] in "kK" else 1024 * 1024
+        return round(float(self.text[:-1]) * scale)
+
+
+@dataclass(frozen=True)
+class Str:
+    value: str
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Bool:
+    value: bool
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Name:
+    name: str
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class List:
+    items: tuple["Value", ...]
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Call:
+    func: str
+    args: tuple["Value", ...]
+    kwargs: tuple["Option", ...]
+    span: Span = _span()
+
+
+Value = Union[Int, Float, Size, Str, Bool, Name, List, Call]
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    value: Value
+    span: Span = _span()  # the option's name
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    name: str
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    hardware: str
+    count: Value
+    span: Span = _span()
+    hardware_span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Model:
+    """`model NAME = SOURCE[(args)] {options}`: a preset, `custom`, or `frozen(other)`."""
+
+    name: str
+    source: str
+    args: tuple[Value, ...] | None  # None when written without parentheses
+    options: tuple[Option, ...]
+    span: Span = _span()
+    source_span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Data:
+    """`data NAME = SOURCE(args) {options}`: `jsonl("file")` or `synthetic("task")`."""
+
+    name: str
+    source: str
+    args: tuple[Value, ...] | None  # None when written without parentheses
+    options: tuple[Option, ...]
+    span: Span = _span()
+    source_span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Stage:
+    """`stage NAME = KIND(inputs, key = value) [on POOL] {options}`."""
+
+    name: str
+    kind: str
+    args: tuple[Value, ...]  # positional: names of models, data and stages
+    options: tuple[Option, ...]  # keyword arguments and the options block, in order
+    pool: Name | None
+    span: Span = _span()
+    kind_span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Schedule:
+    kind: str
+    options: tuple[Option, ...]
+    span: Span = _span()
+
+
+Decl = Union[Pipeline, Pool, Model, Data, Stage, Schedule]
+
+
+@dataclass(frozen=True)
+class Program:
+    file: str
+    decls: tuple[Decl, ...]

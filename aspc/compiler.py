@@ -1,0 +1,92 @@
+"""The front door: .aspl text -> checked StageGraph, or AsplError with every diagnostic."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aspc import ast
+from aspc.dataflow import check_cycles, check_dataflow
+from aspc.diagnostics import AsplError, Diagnostic, DiagnosticSink, sorted_diagnostics
+from aspc.ir import StageGraph
+from aspc.overrides import SOURCE as OVERRIDES_SOURCE
+from aspc.overrides import apply_overrides, overrides_source
+from aspc.parser import parse
+from aspc.resolve import collect_symbols, resolve_data, resolve_models, resolve_pool, resolve_schedule
+from aspc.resources import check_resources
+from aspc.span import Span
+from aspc.stages import Resolved, resolve_stage
+from aspc.verify import verify
+
+MAX_FILE_BYTES = 16 * 1024 * 1024
+
+
+@dataclass
+class Compilation:
+    """What one compile produced: the program, the graph, warnings, and the texts they quote."""
+
+    program: ast.Program
+    graph: StageGraph
+    warnings: list[Diagnostic] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+def read_source(path: str | Path) -> str:
+    """The file's text; unreadable, huge or non-UTF-8 files become diagnostics."""
+    name = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as error:
+        raise AsplError([Diagnostic("error", Span.point(name), f"cannot read file: {error.strerror}")])
+    if len(data) > MAX_FILE_BYTES:
+        raise AsplError([Diagnostic("error", Span.point(name), "file is larger than 16 MiB")])
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+        raise AsplError([Diagnostic("error", Span.point(name, line, column),
+                                    f"file is not valid UTF-8 (byte 0x{data[error.start]:02x})",
+                                    "save the file as UTF-8")])
+
+
+def compile_file(path: str | Path, overrides: list[str] | None = None) -> Compilation:
+    return compile_source(read_source(path), str(path), overrides, Path(path).parent)
+
+
+def compile_source(text: str, file: str = "<input>", overrides: list[str] | None = None,
+                   base_dir: Path | None = None) -> Compilation:
+    """Parse, apply overrides, check and lower; raises AsplError listing all errors."""
+    overrides = list(overrides or [])
+    sink = DiagnosticSink()
+    program = apply_overrides(parse(text, file), overrides, sink)
+    graph = lower(program, base_dir, sink)
+    sources = {file: text, OVERRIDES_SOURCE: overrides_source(overrides)}
+    sink.raise_if_errors()
+    verify(graph)
+    return Compilation(program, graph, sorted_diagnostics(sink.warnings), sources)
+
+
+def lower(program: ast.Program, base_dir: Path | None, sink: DiagnosticSink) -> StageGraph:
+    """Resolve declarations and build the stage graph; checks report into the sink."""
+    symbols = collect_symbols(program, sink)
+    pools = [p for p in map(lambda d: resolve_pool(d, sink), symbols.of(ast.Pool)) if p]
+    models = resolve_models(symbols, sink)
+    data = [d for d in (resolve_data(d, base_dir, sink) for d in symbols.of(ast.Data)) if d]
+    schedule = resolve_schedule(symbols.schedule, program.file, sink)
+    name = symbols.pipeline.name if symbols.pipeline else "unnamed"
+    env = Resolved(symbols, {p.name: p for p in pools}, models, {d.name: d for d in data})
+    stages, flows = [], []
+    for decl in symbols.of(ast.Stage):
+        stage, stage_flows = resolve_stage(decl, env, sink)
+        if stage is not None:
+            stages.append(stage)
+            flows += stage_flows
+    names = {s.name for s in stages}
+    flows = [f for f in flows if f.src in names and f.dst in names]
+    graph = StageGraph(name, pools, models.values(), data, schedule, stages, flows)
+    if sink.errors:  # later checks assume every stage resolved
+        return graph
+    if check_cycles(graph, sink):
+        check_dataflow(graph, sink)
+        check_resources(graph, sink)
+    return graph

@@ -1,0 +1,192 @@
+"""What each declaration accepts: options with types, defaults, ranges and one line of doc.
+
+The checker, the `--set` overrides and the option tables of docs/language.md all read these.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+REQUIRED = object()  # marks an option without a default
+DERIVED = None  # default computed from other declarations (said in the doc)
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    name: str
+    type: str  # int | float | bool | str | enum | ref | call | calls
+    default: Any = DERIVED
+    doc: str = ""
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False  # True: value must be > lo rather than >= lo
+    choices: tuple[str, ...] = ()  # enum values, or call names for call/calls
+
+
+@dataclass(frozen=True)
+class CallSpec:
+    """A call value's parameters in positional order, e.g. `rule("exact_match", weight = 0.5)`."""
+
+    func: str
+    params: tuple[OptionSpec, ...]
+    doc: str = ""
+
+
+def _opts(*specs: OptionSpec) -> dict[str, OptionSpec]:
+    return {s.name: s for s in specs}
+
+
+def _count(name: str, doc: str, default: Any = 1) -> OptionSpec:
+    return OptionSpec(name, "int", default, doc, lo=1)
+
+
+# ---- call values ---------------------------------------------------------------------------
+_WEIGHT = OptionSpec("weight", "float", 1.0, "weight of this reward in the sum", lo=0, lo_open=True)
+REWARD_RULES = ("exact_match", "math_verify", "numeric_match")
+CALLS: dict[str, CallSpec] = {c.func: c for c in (
+    CallSpec("rule", (OptionSpec("name", "enum", REQUIRED, "built-in rule", choices=REWARD_RULES), _WEIGHT),
+             "a built-in rule reward"),
+    CallSpec("python", (OptionSpec("function", "str", REQUIRED, '"module:function"'), _WEIGHT),
+             "a user Python callable"),
+    CallSpec("model", (OptionSpec("model", "ref", REQUIRED, "a reward model"), _WEIGHT),
+             "a reward model scores the response (RLHF)"),
+    CallSpec("judge", (OptionSpec("model", "ref", REQUIRED, "the judging LLM"),
+                       OptionSpec("prompt", "str", "", "judge instructions"), _WEIGHT),
+             "an LLM judge scores the response (RLAIF)"),
+    CallSpec("tool", (OptionSpec("name", "str", REQUIRED, "the name the model calls the tool by"),
+                      OptionSpec("python", "str", "", '"module:function" to run'),
+                      OptionSpec("command", "str", "", "a shell command run in a sandbox"),
+                      OptionSpec("timeout", "float", 30.0, "seconds before the call is stopped",
+                                 lo=0, lo_open=True)),
+             "a tool the generating model may call; give python or command"),
+    CallSpec("lognormal", (OptionSpec("mean", "float", REQUIRED, "mean length in tokens", lo=1),
+                           OptionSpec("sigma", "float", 0.8, "log-space spread", lo=0, lo_open=True),
+                           OptionSpec("group_corr", "float", 0.5, "correlation within a prompt's group",
+                                      lo=0, hi=1)),
+             "long-tailed lengths, truncated at the cap with a point mass there"),
+    CallSpec("uniform", (OptionSpec("min", "int", REQUIRED, "shortest", lo=1),
+                         OptionSpec("max", "int", REQUIRED, "longest", lo=1)),
+             "lengths drawn uniformly"),
+    CallSpec("fixed", (OptionSpec("length", "int", REQUIRED, "every sample's length", lo=1),),
+             "one length for every sample"),
+)}
+LENGTH_CALLS = ("lognormal", "uniform", "fixed")
+
+# ---- declarations --------------------------------------------------------------------------
+_DTYPE = OptionSpec("dtype", "enum", "bf16", "parameter dtype", choices=("bf16", "fp16", "fp32"))
+
+MODEL_PRESET = _opts(
+    _DTYPE,
+    OptionSpec("checkpoint", "str", "", "weights to load (path); random initialisation when empty"),
+    OptionSpec("seed", "int", 0, "initialisation seed", lo=0),
+)
+MODEL_CUSTOM = _opts(
+    OptionSpec("dtype", "enum", "fp32", "parameter dtype", choices=("bf16", "fp16", "fp32")),
+    OptionSpec("checkpoint", "str", "", "weights to load (path); random initialisation when empty"),
+    OptionSpec("seed", "int", 0, "initialisation seed", lo=0),
+    _count("layers", "decoder layers", REQUIRED),
+    _count("hidden", "hidden size", REQUIRED),
+    _count("heads", "attention heads", REQUIRED),
+    _count("kv_heads", "key/value heads (grouped-query attention); default: heads", DERIVED),
+    _count("head_dim", "size of one head; default: hidden / heads", DERIVED),
+    _count("ffn", "SwiGLU intermediate size; default: 4 x hidden", DERIVED),
+    _count("vocab", "vocabulary size; default: 64", 64),
+    OptionSpec("experts", "int", 0, "routed experts (0: a dense model)", lo=0),
+    OptionSpec("top_k", "int", 0, "experts per token", lo=0),
+    _count("expert_ffn", "intermediate size of one expert; default: ffn", DERIVED),
+    OptionSpec("tied", "bool", True, "tie input embedding and output head"),
+    _count("max_seq", "longest sequence the model takes", 1024),
+)
+MODEL_FROZEN = _opts(OptionSpec("dtype", "enum", DERIVED, "parameter dtype; default: the original's",
+                                  choices=("bf16", "fp16", "fp32")))
+
+_DATA_COMMON = (
+    _count("prompts_per_step", "prompts drawn for each training step", 32),
+    OptionSpec("group", "int", 1, "responses sampled per prompt (GRPO and DAPO need 2 or more)", lo=1),
+    _count("max_prompt", "longest prompt in tokens (2k = 2048)", 1024),
+    _count("max_response", "response cap in tokens", 1024),
+    OptionSpec("seed", "int", 0, "shuffling and sampling seed", lo=0),
+    OptionSpec("response_lengths", "call", None, "length distribution for simulation",
+               choices=LENGTH_CALLS),
+    OptionSpec("prompt_lengths", "call", None, "prompt length distribution for simulation",
+               choices=LENGTH_CALLS),
+)
+DATA_JSONL = _opts(*_DATA_COMMON)
+SYNTHETIC_TASKS = ("arith", "count", "copy")
+DATA_SYNTHETIC = _opts(*_DATA_COMMON, _count("size", "prompts generated", 4096))
+
+PLACEMENT = (
+    _count("instances", "independent copies of the stage (engines or workers)"),
+    _count("tp", "tensor parallel degree"),
+    _count("pp", "pipeline parallel degree"),
+    _count("dp", "data parallel degree inside one instance"),
+    _count("cp", "context parallel degree"),
+    _count("ep", "expert parallel degree (divides tp x cp x dp)"),
+)
+PLACEMENT_NAMES = tuple(s.name for s in PLACEMENT)
+
+STAGES: dict[str, dict[str, OptionSpec]] = {
+    "generate": _opts(
+        *PLACEMENT,
+        OptionSpec("temperature", "float", 1.0, "sampling temperature", lo=0),
+        OptionSpec("top_p", "float", 1.0, "nucleus sampling mass", lo=0, hi=1, lo_open=True),
+        _count("max_tokens", "response cap; default: the data's max_response", DERIVED),
+        OptionSpec("graph_mode", "bool", True, "capture decode in graph mode (ACL graph / torchair)"),
+    ),
+    "environment": _opts(
+        OptionSpec("tools", "calls", REQUIRED, "tools the model may call", choices=("tool",)),
+        _count("max_turns", "model turns per episode", 4),
+        _count("max_tool_tokens", "tokens of one tool result fed back", 512),
+    ),
+    "reward": _opts(
+        *PLACEMENT,
+        OptionSpec("rule", "enum", None, "shorthand for sources = [rule(...)]", choices=REWARD_RULES),
+        OptionSpec("python", "str", None, 'shorthand for sources = [python("module:function")]'),
+        OptionSpec("model", "ref", None, "shorthand for sources = [model(NAME)]"),
+        OptionSpec("sources", "calls", None, "weighted sum of reward sources",
+                   choices=("rule", "python", "model", "judge")),
+    ),
+    "reference": _opts(*PLACEMENT),
+    "critic": _opts(
+        *PLACEMENT,
+        OptionSpec("lr", "float", 1e-5, "critic learning rate", lo=0, lo_open=True),
+    ),
+    "advantage": _opts(
+        OptionSpec("estimator", "enum", "grpo", "advantage estimator",
+                   choices=("grpo", "dapo", "rloo", "gae")),
+        OptionSpec("gamma", "float", 1.0, "discount (gae)", lo=0, hi=1),
+        OptionSpec("lam", "float", 0.95, "GAE lambda", lo=0, hi=1),
+        OptionSpec("normalize", "bool", True, "divide group advantages by their std"),
+    ),
+    "train": _opts(
+        *PLACEMENT,
+        OptionSpec("loss", "enum", "grpo", "policy loss", choices=("grpo", "ppo", "dapo")),
+        OptionSpec("lr", "float", 1e-6, "learning rate (AdamW)", lo=0, lo_open=True),
+        OptionSpec("kl", "float", 0.0, "KL penalty to the reference (needs a reference stage)", lo=0),
+        OptionSpec("clip", "float", 0.2, "ratio clip epsilon (low side for dapo)", lo=0, hi=1),
+        OptionSpec("clip_high", "float", DERIVED, "upper ratio clip; default: clip (dapo: 0.28)",
+                   lo=0, hi=1),
+        OptionSpec("value_coef", "float", 0.5, "value loss weight (ppo)", lo=0),
+        OptionSpec("entropy_coef", "float", 0.0, "entropy bonus", lo=0),
+        _count("micro_tokens", "token budget of one micro-batch", 16384),
+        _count("epochs", "passes over each step's samples", 1),
+        OptionSpec("weight_decay", "float", 0.0, "AdamW weight decay", lo=0),
+        OptionSpec("grad_clip", "float", 1.0, "gradient norm clip (0: off)", lo=0),
+        OptionSpec("overlong", "int", 0, "DAPO overlong shaping buffer in tokens (0: off)", lo=0),
+        OptionSpec("distributed_optimizer", "bool", True, "shard optimizer state over dp"),
+        OptionSpec("recompute", "bool", False, "recompute activations in the backward pass"),
+    ),
+}
+MODEL_STAGES = ("generate", "reference", "critic", "train")  # stages that run a model on devices
+
+_ASP = _opts(
+    OptionSpec("staleness", "int", 1, "max policy versions between generation and use", lo=0),
+    OptionSpec("dispatch", "enum", "queue_aware", "how work is sent to instances",
+               choices=("queue_aware", "least_requests", "round_robin")),
+    _count("pack", "micro-batch token budget for packing (16k = 16384)", 16384),
+    _count("buckets", "static shape buckets for graph-mode executors", 4),
+    _count("stream", "samples per streamed micro-batch", 16),
+    OptionSpec("partial_rollout", "int", 0, "max times one sample is split at weight syncs (0: off)",
+               lo=0),
+)
+SCHEDULES: dict[str, dict[str, OptionSpec]] = {"asp": _ASP, "sync": {}, "sync-naive": {}}

@@ -1,0 +1,39 @@
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from aspc.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+PIPELINES = sorted((ROOT / "pipelines").glob("*.aspl"))
+UPDATE_GOLDEN = os.environ.get("ASPC_UPDATE_GOLDEN") == "1"
+
+
+@pytest.fixture
+def in_root(monkeypatch):
+    """Run from the repository root so that file names in output are stable relative paths."""
+    monkeypatch.chdir(ROOT)
+    return ROOT
+
+
+@pytest.fixture
+def aspc(in_root):
+    """Invoke the CLI in-process: aspc("check", "x.aspl") -> click Result."""
+    runner = CliRunner()
+
+    def run(*args: str):
+        return runner.invoke(main, list(args), catch_exceptions=False)
+
+    return run
+
+
+def check_golden(path: Path, actual: str) -> None:
+    """Compare with a golden file; ASPC_UPDATE_GOLDEN=1 rewrites it instead."""
+    if UPDATE_GOLDEN or not path.exists():
+        if not UPDATE_GOLDEN:
+            pytest.fail(f"golden file {path} is missing; run with ASPC_UPDATE_GOLDEN=1 to create it")
+        path.write_text(actual, encoding="utf-8")
+        return
+    assert actual == path.read_text(encoding="utf-8"), f"output differs from {path}"

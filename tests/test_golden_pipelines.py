@@ -1,0 +1,32 @@
+"""Golden tests: the printed IR, JSON and DOT of every bundled pipeline."""
+import pytest
+
+from conftest import PIPELINES, ROOT, check_golden
+
+GOLDEN = ROOT / "tests" / "golden"
+
+
+@pytest.mark.parametrize("emit", ["ir", "json", "dot"])
+@pytest.mark.parametrize("pipeline", PIPELINES, ids=lambda p: p.stem)
+def test_emit_matches_golden(aspc, pipeline, emit):
+    result = aspc("compile", f"pipelines/{pipeline.name}", "--emit", emit)
+    assert result.exit_code == 0, result.output
+    check_golden(GOLDEN / f"{pipeline.stem}.{emit}", result.stdout)
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES, ids=lambda p: p.stem)
+def test_bundled_pipeline_checks_clean(aspc, pipeline):
+    result = aspc("check", f"pipelines/{pipeline.name}")
+    assert result.exit_code == 0
+    assert result.stderr == "", "bundled pipelines compile without warnings"
+
+
+def test_output_is_deterministic(aspc):
+    first = aspc("compile", "pipelines/grpo_7b.aspl", "--emit", "json").stdout
+    second = aspc("compile", "pipelines/grpo_7b.aspl", "--emit", "json").stdout
+    assert first == second
+
+
+def test_bundled_set_covers_the_paper_workloads():
+    names = {p.stem for p in PIPELINES}
+    assert {"tiny_grpo", "tiny_ppo", "grpo_7b", "dapo_32b", "grpo_30b_moe", "r1_zero_671b"} <= names
