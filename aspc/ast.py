@@ -11,7 +11,7 @@ from aspc.span import Span
 
 
 def _span() -> Span:
-    return field(compare=False, repr=False)
+    return field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

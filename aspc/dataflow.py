@@ -57,8 +57,9 @@ def check_dataflow(graph: StageGraph, sink: DiagnosticSink) -> None:
         _check_train(graph, stage, sink)
     for stage in graph.stages_of(StageKind.ADVANTAGE):
         _check_advantage(graph, stage, sink)
+    trained = {t.model for t in graph.stages_of(StageKind.TRAIN)}
     for stage in graph.stages_of(StageKind.REFERENCE):
-        _check_reference(graph, stage, sink)
+        _check_reference(stage, trained, sink)
     for stage in graph.stages_of(StageKind.ENVIRONMENT):
         _check_environment(graph, stage, sink)
 
@@ -147,8 +148,7 @@ def _generator_of(graph: StageGraph, name: str | None) -> Stage | None:
     return None
 
 
-def _check_reference(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> None:
-    trained = {t.model for t in graph.stages_of(StageKind.TRAIN)}
+def _check_reference(stage: Stage, trained: set[str], sink: DiagnosticSink) -> None:
     if stage.model in trained:
         sink.error(stage.span, f"stage '{stage.name}' takes log-probs from '{stage.model}', "
                                "which is being trained",

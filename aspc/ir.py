@@ -157,6 +157,7 @@ class StageGraph:
         self.data = {d.name: d for d in data}
         self.schedule = schedule or ScheduleSpec("asp")
         self._graph = nx.DiGraph()
+        self._order: list[str] | None = None  # cached stage order; builders make new graphs
         for stage in stages:
             self._graph.add_node(stage.name, stage=stage)
         for flow in flows:
@@ -170,9 +171,14 @@ class StageGraph:
         return name in self._graph
 
     def stages(self) -> list[Stage]:
-        """Stages in a deterministic order: topological (weight back edges ignored), then by name."""
-        order = nx.lexicographical_topological_sort(self._forward_view())
-        return [self.stage(n) for n in order]
+        """Stages in a deterministic order: topological (weight back edges ignored), then by name.
+        A graph with a dataflow cycle (invalid; the verifier reports it) is ordered by name."""
+        if self._order is None:
+            try:
+                self._order = list(nx.lexicographical_topological_sort(self._forward_view()))
+            except nx.NetworkXUnfeasible:
+                self._order = sorted(self._graph.nodes)
+        return [self.stage(n) for n in self._order]
 
     def stages_of(self, kind: StageKind) -> list[Stage]:
         return [s for s in self.stages() if s.kind is kind]

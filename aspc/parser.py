@@ -116,10 +116,12 @@ def _accepted_before(text: str, position: int) -> set[str]:
 
 
 def _expected(terminals) -> str:
-    names = sorted({_terminal_name(t) for t in terminals if t not in _DECL_KEYWORDS})
+    declarations = any(t in _DECL_KEYWORDS for t in terminals)
+    skip = _DECL_KEYWORDS + (("$END",) if declarations else ())
+    names = sorted({_terminal_name(t) for t in terminals if t not in skip})
     if "a value" in names and "a name" in names:
         names.remove("a name")
-    if any(t in _DECL_KEYWORDS for t in terminals):
+    if declarations:
         names.append("a new declaration (pipeline, pool, model, data, stage, schedule)")
     if not names:
         return "nothing more"

@@ -90,7 +90,7 @@ MODEL_CUSTOM = _opts(
     _count("kv_heads", "key/value heads (grouped-query attention); default: heads", DERIVED),
     _count("head_dim", "size of one head; default: hidden / heads", DERIVED),
     _count("ffn", "SwiGLU intermediate size; default: 4 x hidden", DERIVED),
-    _count("vocab", "vocabulary size; default: 64", 64),
+    _count("vocab", "vocabulary size", 64),
     OptionSpec("experts", "int", 0, "routed experts (0: a dense model)", lo=0),
     OptionSpec("top_k", "int", 0, "experts per token", lo=0),
     _count("expert_ffn", "intermediate size of one expert; default: ffn", DERIVED),
