@@ -1,4 +1,4 @@
-"""The `aspc` command line. The one place that wires the front end, IR and emitters together."""
+"""The `aspc` command line. The one place that wires the front end, passes, plan and emitters."""
 from __future__ import annotations
 
 import sys
@@ -7,22 +7,37 @@ from pathlib import Path
 import click
 
 from aspc import __version__
-from aspc.compiler import Compilation, compile_file
+from aspc.compiler import compile_file
 from aspc.diagnostics import AsplError, render_all
 from aspc.dot import to_dot
 from aspc.formatter import format_program
+from aspc.inspect import inspect_report, write_schedule_graph
+from aspc.passes.schedules import SCHEDULES
 from aspc.printer import print_ir
 from aspc.serialize import to_json
+from aspc.toolchain import Compiled, compile_with_passes
 
 EMITTERS = {
-    "ast": lambda c: format_program(c.program),
+    "ast": lambda c: format_program(c.compilation.program),
     "ir": lambda c: print_ir(c.graph),
     "json": lambda c: to_json(c.graph),
     "dot": lambda c: to_dot(c.graph),
+    "plan": lambda c: c.plan().to_json(),
 }
 
 _SET_HELP = "Override an option: NAME.option=value (NAME: a stage, model, data, pool, " \
             "`schedule`, or a stage kind for all its stages). Repeatable."
+
+
+def _pass_options(function):
+    """--set, --schedule and -p: shared by the commands that compile."""
+    function = click.option("-p", "--passes", "pipeline", metavar="PIPELINE",
+                            help="Run this pass pipeline instead of the schedule's, e.g. "
+                                 "'async-decouple{staleness=1},pack{tokens=16384},place'. "
+                                 "'' runs no pass.")(function)
+    function = click.option("--schedule", type=click.Choice(SCHEDULES),
+                            help="Schedule to compile for (default: the file's schedule block).")(function)
+    return click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=_SET_HELP)(function)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -38,11 +53,14 @@ def check(files: tuple[str, ...], overrides: tuple[str, ...]) -> None:
     """Parse and check FILES; print diagnostics and exit 1 on any error."""
     failed = 0
     for file in files:
-        compilation = _compile(file, overrides, exit_on_error=False)
-        if compilation is None:
+        try:
+            compilation = compile_file(file, list(overrides))
+        except AsplError as error:
+            click.echo(render_all(error.diagnostics, _sources(file, overrides)), err=True)
             failed += 1
-        else:
-            click.echo(f"{file}: ok ({len(compilation.graph.stages())} stages)")
+            continue
+        _warn(compilation.warnings, compilation.sources)
+        click.echo(f"{file}: ok ({len(compilation.graph.stages())} stages)")
     if failed:
         sys.exit(1)
 
@@ -50,13 +68,53 @@ def check(files: tuple[str, ...], overrides: tuple[str, ...]) -> None:
 @main.command("compile")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--emit", type=click.Choice(sorted(EMITTERS)), default="ir", show_default=True,
-              help="What to print: the formatted source, the IR, its JSON or a Graphviz graph.")
+              help="ast: the formatted source; ir/json/dot: the stage graph after the passes; "
+                   "plan: the execution plan (JSON).")
+@click.option("--emit-after", metavar="PASS", help="Stop after this pass and print the IR.")
+@click.option("--verify", is_flag=True, help="Verify the IR after every pass.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to a file instead of stdout.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=_SET_HELP)
-def compile_command(file: str, emit: str, output: str | None, overrides: tuple[str, ...]) -> None:
+@_pass_options
+def compile_command(file, emit, emit_after, verify, output, overrides, schedule, pipeline) -> None:
     """Compile FILE and print the artifact chosen with --emit."""
-    compilation = _compile(file, overrides)
-    text = EMITTERS[emit](compilation)
+    compiled = _compile(file, overrides, schedule, pipeline, emit_after, verify)
+    _write(EMITTERS[emit](compiled), output)
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("-o", "--output-dir", type=click.Path(file_okay=False), default=".", show_default=True,
+              help="Where to write the schedule graph (DOT, and SVG/PNG with Graphviz).")
+@_pass_options
+def inspect(file, output_dir, overrides, schedule, pipeline) -> None:
+    """Show each pass with what it changed (IR diff) and write the final schedule graph."""
+    compiled = _compile(file, overrides, schedule, pipeline, None, True)
+    click.echo(inspect_report(compiled), nl=False)
+    written, note = write_schedule_graph(compiled, Path(output_dir))
+    for path in written:
+        click.echo(f"wrote {path}")
+    if note:
+        click.echo(note, err=True)
+
+
+def _compile(file, overrides, schedule, pipeline, emit_after, verify) -> Compiled:
+    try:
+        compiled = compile_with_passes(file, list(overrides), schedule, pipeline, emit_after, verify)
+    except AsplError as error:
+        sources = _sources(file, overrides)
+        if pipeline is not None:
+            sources["<-p>"] = pipeline
+        click.echo(render_all(error.diagnostics, sources), err=True)
+        sys.exit(1)
+    _warn(compiled.compilation.warnings, compiled.compilation.sources)
+    return compiled
+
+
+def _warn(warnings, sources) -> None:
+    if warnings:
+        click.echo(render_all(warnings, sources), err=True)
+
+
+def _write(text: str, output: str | None) -> None:
     if output is None:
         click.echo(text, nl=False)
         return
@@ -64,20 +122,6 @@ def compile_command(file: str, emit: str, output: str | None, overrides: tuple[s
         Path(output).write_text(text, encoding="utf-8")
     except OSError as error:
         raise click.ClickException(f"cannot write {output}: {error.strerror}") from None
-
-
-def _compile(file: str, overrides: tuple[str, ...], exit_on_error: bool = True) -> Compilation | None:
-    try:
-        compilation = compile_file(file, list(overrides))
-    except AsplError as error:
-        sources = _sources(file, overrides)
-        click.echo(render_all(error.diagnostics, sources), err=True)
-        if exit_on_error:
-            sys.exit(1)
-        return None
-    if compilation.warnings:
-        click.echo(render_all(compilation.warnings, compilation.sources), err=True)
-    return compilation
 
 
 def _sources(file: str, overrides: tuple[str, ...]) -> dict[str, str]:

@@ -31,6 +31,10 @@ class StageKind(enum.Enum):
     WEIGHT_SYNC = "weight_sync"
 
 
+# Fields a flow may carry: prompts (DISPATCH -> GENERATE) and what each user stage produces.
+PROMPTS = "prompts"
+WEIGHTS = "weights"
+
 # The field each user stage produces; a flow carries some of its producer's fields.
 PRODUCES: dict[StageKind, str] = {
     StageKind.GENERATE: "responses",
@@ -229,6 +233,11 @@ class StageGraph:
         new = self.copy()
         new._graph.remove_edge(src, dst)
         return new
+
+    def rebuilt(self, stages: Iterable[Stage], flows: Iterable[Flow]) -> "StageGraph":
+        """A new graph with the same pools, models, data and schedule, and these stages and flows."""
+        return StageGraph(self.pipeline, self.pools.values(), self.models.values(), self.data.values(),
+                          self.schedule, stages, flows)
 
     def with_schedule(self, schedule: ScheduleSpec) -> "StageGraph":
         new = self.copy()

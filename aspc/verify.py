@@ -37,7 +37,30 @@ def verify_problems(graph: StageGraph) -> list[str]:
     problems += _cycle_problems(graph)
     for stage in graph.nx_graph().nodes:
         problems += _stage_problems(graph, graph.stage(stage), stage)
+        problems += _inserted_node_problems(graph, graph.stage(stage))
     return problems
+
+
+def _inserted_node_problems(graph: StageGraph, stage: Stage) -> list[str]:
+    """CHANNEL: one producer, a capacity of (staleness + 1) steps. DISPATCH: one target.
+    WEIGHT_SYNC: weights from one TRAIN stage to one GENERATE stage of the same model."""
+    producers, consumers = graph.producers(stage.name), graph.consumers(stage.name)
+    where = f"{stage.kind.name} {stage.name}"
+    if stage.kind is StageKind.CHANNEL:
+        expected = (stage.option("staleness", 0) + 1) * stage.option("samples_per_step", 0)
+        if len(producers) != 1 or not consumers:
+            return [f"{where}: needs one producer and at least one consumer"]
+        if stage.option("capacity") != expected:
+            return [f"{where}: capacity {stage.option('capacity')} != (staleness + 1) x samples per step"]
+    if stage.kind is StageKind.DISPATCH and [c.name for c in consumers] != [stage.option("target")]:
+        return [f"{where}: must feed exactly its target '{stage.option('target')}'"]
+    if stage.kind is StageKind.WEIGHT_SYNC:
+        kinds = ([p.kind for p in producers], [c.kind for c in consumers])
+        if kinds != ([StageKind.TRAIN], [StageKind.GENERATE]):
+            return [f"{where}: must carry weights from one TRAIN to one GENERATE stage"]
+        if producers[0].model != consumers[0].model:
+            return [f"{where}: trains '{producers[0].model}' but feeds '{consumers[0].model}'"]
+    return []
 
 
 def _flow_problems(graph: StageGraph) -> list[str]:

@@ -9,9 +9,26 @@ GOLDEN = ROOT / "tests" / "golden"
 @pytest.mark.parametrize("emit", ["ir", "json", "dot"])
 @pytest.mark.parametrize("pipeline", PIPELINES, ids=lambda p: p.stem)
 def test_emit_matches_golden(aspc, pipeline, emit):
+    """The stage graph after the file's schedule's passes."""
     result = aspc("compile", f"pipelines/{pipeline.name}", "--emit", emit)
     assert result.exit_code == 0, result.output
     check_golden(GOLDEN / f"{pipeline.stem}.{emit}", result.stdout)
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES, ids=lambda p: p.stem)
+def test_lowered_ir_matches_golden(aspc, pipeline):
+    """The stage graph as the front end lowers it, before any pass (-p '')."""
+    result = aspc("compile", f"pipelines/{pipeline.name}", "-p", "")
+    assert result.exit_code == 0, result.output
+    check_golden(GOLDEN / f"{pipeline.stem}.lowered.ir", result.stdout)
+
+
+@pytest.mark.parametrize("schedule", ["asp", "sync", "sync-naive"])
+@pytest.mark.parametrize("pipeline", PIPELINES, ids=lambda p: p.stem)
+def test_plan_matches_golden(aspc, pipeline, schedule):
+    result = aspc("compile", f"pipelines/{pipeline.name}", "--schedule", schedule, "--emit", "plan")
+    assert result.exit_code == 0, result.output
+    check_golden(GOLDEN / f"{pipeline.stem}.{schedule}.plan.json", result.stdout)
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES, ids=lambda p: p.stem)

@@ -1,0 +1,222 @@
+"""The execution plan: pure, JSON-serializable data — the one thing backends and drivers consume.
+
+Built from a stage graph after the passes: stage instances with their devices and parallel
+degrees, channels with capacities, dispatch policies, micro-batch and bucket shapes, the
+staleness bound and the weight-sync edges.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from aspc.ir import Parallel, Stage, StageGraph, StageKind
+from aspc.serialize import encode
+from aspc.values import Call
+
+PLAN_VERSION = 1
+_PLAN_OPTIONS = {"placement", "device_offset", "batching", "pack_tokens", "buckets", "balance",
+                 "padding", "padding_fraction", "stream_micro", "partial_rollout"}
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    name: str
+    hardware: str
+    count: int
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One copy of a stage on the contiguous devices first_device .. first_device + device_count - 1
+    of its pool (device_count 0: a host process)."""
+
+    index: int
+    first_device: int
+    device_count: int
+
+    @property
+    def devices(self) -> range:
+        return range(self.first_device, self.first_device + self.device_count)
+
+
+@dataclass(frozen=True)
+class MicroBatching:
+    tokens: int
+    buckets: tuple[int, ...]  # static micro-batch sizes; () means dynamic shapes
+    balance: str
+    padding: str  # "buckets" | "none" (remove-padding) | "longest" (pad to the longest sequence)
+    expected_padding_fraction: float | None
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    name: str
+    kind: str
+    model: str | None
+    data: str | None
+    pool: str | None
+    parallel: Parallel
+    placement: str  # "dedicated" | "time_shared" | "host"
+    instances: tuple[Instance, ...]
+    inputs: tuple[tuple[str, str], ...]  # (field, producing stage or channel/dispatch)
+    batching: str | None  # generate: "continuous" | "static"
+    micro_batching: MicroBatching | None  # train/reference/critic
+    stream_micro: int | None  # samples per streamed micro-batch; None: barrier on the whole step
+    partial_rollout: int  # generate: max times a sample is split at weight syncs (0: off)
+    options: tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class ChannelPlan:
+    name: str
+    src: str
+    dsts: tuple[str, ...]
+    fields: tuple[str, ...]
+    capacity: int  # samples
+    samples_per_step: int
+    staleness: int
+
+
+@dataclass(frozen=True)
+class DispatchPlan:
+    name: str
+    target: str
+    policy: str
+    group_affinity: bool
+    instances: int
+
+
+@dataclass(frozen=True)
+class WeightSyncPlan:
+    name: str
+    src: str  # the train stage
+    dst: str  # the generate stage
+    mode: str  # "sync" (barrier) | "async" (under the staleness bound)
+    staleness: int
+    bytes: int
+    src_layout: str
+    dst_layout: str
+    reshard: bool
+    transfer: str  # "link" | "offload_onload"
+    interrupt: bool  # partial rollout: in-flight generations pause at the sync
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    pipeline: str
+    schedule: str
+    passes: str
+    staleness: int
+    pools: tuple[PoolPlan, ...]
+    stages: tuple[StagePlan, ...]
+    channels: tuple[ChannelPlan, ...]
+    dispatches: tuple[DispatchPlan, ...]
+    weight_syncs: tuple[WeightSyncPlan, ...]
+
+    def stage(self, name: str) -> StagePlan:
+        return next(s for s in self.stages if s.name == name)
+
+    def to_json(self) -> str:
+        doc = {"format": "aspc.execution_plan", "version": PLAN_VERSION, **jsonable(self)}
+        return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+_PAIR_FIELDS = ("options", "inputs")  # tuples of (key, value) pairs, written as JSON objects
+
+
+def jsonable(value: Any) -> Any:
+    """Plan dataclasses -> JSON values; Call values in their IR JSON form."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, Call):
+        return {f.name: ({k: jsonable(v) for k, v in getattr(value, f.name)} if f.name in _PAIR_FIELDS
+                         else jsonable(getattr(value, f.name))) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return encode(value)
+
+
+def build_plan(graph: StageGraph, passes: str) -> ExecutionPlan:
+    stages = graph.stages()
+    syncs = [_weight_sync(graph, s) for s in stages if s.kind is StageKind.WEIGHT_SYNC]
+    channels = [_channel(graph, s) for s in stages if s.kind is StageKind.CHANNEL]
+    return ExecutionPlan(
+        pipeline=graph.pipeline, schedule=graph.schedule.kind, passes=passes,
+        staleness=max((c.staleness for c in channels), default=0),
+        pools=tuple(PoolPlan(p.name, p.hardware.name, p.count) for _, p in sorted(graph.pools.items())),
+        stages=tuple(_stage(graph, s) for s in stages if s.kind.value in _USER_KINDS),
+        channels=tuple(channels),
+        dispatches=tuple(_dispatch(s) for s in stages if s.kind is StageKind.DISPATCH),
+        weight_syncs=tuple(syncs))
+
+
+_USER_KINDS = {"generate", "environment", "reward", "reference", "critic", "advantage", "train"}
+
+
+def _stage(graph: StageGraph, stage: Stage) -> StagePlan:
+    offset = stage.option("device_offset", 0)
+    per = stage.parallel.devices
+    per = per if stage.pool else 0
+    instances = tuple(Instance(i, offset + i * per, per) for i in range(stage.instances))
+    inputs = tuple(sorted((field, src) for field, src in graph.inputs(stage.name).items()))
+    rest = tuple((k, v) for k, v in stage.options if k not in _PLAN_OPTIONS)
+    return StagePlan(
+        stage.name, stage.kind.value, stage.model, stage.data, stage.pool, stage.parallel,
+        stage.option("placement", "host") if stage.pool else "host", instances, inputs,
+        stage.option("batching", "static") if stage.kind is StageKind.GENERATE else None,
+        _micro_batching(graph, stage), stage.option("stream_micro"), stage.option("partial_rollout", 0), rest)
+
+
+def _micro_batching(graph: StageGraph, stage: Stage) -> MicroBatching | None:
+    if stage.kind not in (StageKind.TRAIN, StageKind.REFERENCE, StageKind.CRITIC):
+        return None
+    train_tokens = max((t.option("micro_tokens") for t in graph.stages_of(StageKind.TRAIN)), default=0)
+    tokens = stage.option("pack_tokens") or stage.option("micro_tokens") or train_tokens
+    return MicroBatching(tokens, stage.option("buckets", ()), stage.option("balance", "none"),
+                         stage.option("padding", "longest"), stage.option("padding_fraction"))
+
+
+def _channel(graph: StageGraph, stage: Stage) -> ChannelPlan:
+    src = graph.producers(stage.name)[0].name
+    dsts = tuple(c.name for c in graph.consumers(stage.name))
+    fields = graph.flow(src, stage.name).fields
+    return ChannelPlan(stage.name, src, dsts, fields, stage.option("capacity"),
+                       stage.option("samples_per_step"), stage.option("staleness"))
+
+
+def _dispatch(stage: Stage) -> DispatchPlan:
+    return DispatchPlan(stage.name, stage.option("target"), stage.option("policy"),
+                        stage.option("group_affinity"), stage.option("instances"))
+
+
+def _weight_sync(graph: StageGraph, stage: Stage) -> WeightSyncPlan:
+    src = graph.producers(stage.name)[0].name
+    dst = graph.consumers(stage.name)[0].name
+    o = stage.option
+    return WeightSyncPlan(stage.name, src, dst, o("mode"), o("staleness"), o("bytes", 0),
+                          o("src_layout", ""), o("dst_layout", ""), o("reshard", False),
+                          o("transfer", "link"), o("interrupt", False))
+
+
+def plan_problems(plan: ExecutionPlan) -> list[str]:
+    """Invariants of a plan: devices exist; no instance shares a device with another instance
+    unless both belong to time-shared stages; channel capacity matches the staleness bound."""
+    problems = []
+    pools = {p.name: p.count for p in plan.pools}
+    owners: dict[tuple[str, int], list[StagePlan]] = {}
+    for stage in plan.stages:
+        for inst in stage.instances:
+            for d in inst.devices:
+                if not 0 <= d < pools.get(stage.pool, 0):
+                    problems.append(f"{stage.name}[{inst.index}] uses device {d} outside pool {stage.pool}")
+                owners.setdefault((stage.pool, d), []).append(stage)
+    for (pool, d), users in owners.items():
+        names = [u.name for u in users]
+        if len(set(names)) < len(names):
+            problems.append(f"two instances of one stage share {pool}:{d}")
+        elif len(users) > 1 and not all(u.placement == "time_shared" for u in users):
+            problems.append(f"{pool}:{d} is given to {', '.join(names)}, which do not time-share")
+    for c in plan.channels:
+        if c.capacity != (c.staleness + 1) * c.samples_per_step:
+            problems.append(f"channel {c.name}: capacity {c.capacity} != (staleness + 1) x samples per step")
+    return problems

@@ -1,0 +1,63 @@
+"""The pass manager: runs a pipeline, verifies after each pass, stops where asked, and names the
+failing pass with the passes that ran before it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aspc.diagnostics import AsplError, Diagnostic
+from aspc.ir import StageGraph
+from aspc.passes.base import PassError
+from aspc.passes.spec import PassSpec
+from aspc.verify import VerificationError, verify
+
+
+@dataclass(frozen=True)
+class PassStep:
+    spec: PassSpec
+    before: StageGraph
+    after: StageGraph
+
+
+@dataclass
+class PassRun:
+    graph: StageGraph
+    steps: list[PassStep] = field(default_factory=list)
+
+
+def run_passes(graph: StageGraph, specs: list[PassSpec], verify_each: bool = True,
+               emit_after: str | None = None) -> PassRun:
+    """Apply the passes in order. Raises AsplError naming the pass that failed."""
+    if emit_after is not None and emit_after not in [s.instance.name for s in specs]:
+        names = ", ".join(s.instance.name for s in specs) or "none"
+        raise AsplError([Diagnostic("error", specs[0].span if specs else _nowhere(),
+                                    f"--emit-after {emit_after}: no such pass in the pipeline",
+                                    f"passes in this pipeline: {names}")])
+    run = PassRun(graph)
+    for spec in specs:
+        after = _apply(spec, run.graph, [s.spec.instance.spec() for s in run.steps], verify_each)
+        run.steps.append(PassStep(spec, run.graph, after))
+        run.graph = after
+        if spec.instance.name == emit_after:
+            break
+    return run
+
+
+def _apply(spec: PassSpec, graph: StageGraph, before: list[str], verify_each: bool) -> StageGraph:
+    ran = "passes before it: " + (", ".join(before) if before else "none")
+    try:
+        result = spec.instance.apply(graph)
+        if verify_each:
+            verify(result)
+    except PassError as error:
+        raise AsplError([Diagnostic("error", spec.span, f"pass '{spec.instance.name}' failed: {error}",
+                                    ran)]) from None
+    except VerificationError as error:
+        raise AsplError([Diagnostic("error", spec.span, f"pass '{spec.instance.name}' broke an IR "
+                                                        f"invariant (a compiler bug): {error}", ran)]) from None
+    return result
+
+
+def _nowhere():
+    from aspc.span import Span
+
+    return Span.point("<-p>")

@@ -1,0 +1,71 @@
+"""pack{tokens, buckets}: micro-batches by token budget, balanced across data-parallel ranks,
+padded only to a few static shape buckets.
+
+Removes: padding bubble (pad tokens in micro-batches padded to their longest sequence).
+Assumes: every sequence (max_prompt + max_response) fits in `tokens`.
+For each stage that runs a forward or backward pass (train, reference, critic) the pass samples
+the declared length distribution, splits a step's sequences across the stage's dp ranks with
+Karmarkar-Karp, packs each rank's share first-fit-decreasing into micro-batches of at most
+`tokens`, and chooses `buckets` micro-batch sizes (the largest is `tokens`) that minimise padding,
+so a graph-mode executor compiles once per bucket. buckets=0 keeps dynamic shapes (remove-padding,
+eager), which is what the synchronous baseline does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from aspc.ir import Stage, StageGraph, StageKind
+from aspc.workload import sample_step
+from aspc.passes.base import Pass, PassError
+from aspc.passes.packing import choose_buckets, micro_batches, padding_report
+
+PACKED = (StageKind.TRAIN, StageKind.REFERENCE, StageKind.CRITIC)
+SAMPLED_SEQUENCES = 2048  # at least this many sampled sequences (whole steps, at most 4) choose buckets
+
+
+@dataclass(frozen=True)
+class Pack(Pass):
+    name = "pack"
+    bubble = "padding"
+    tokens: int = 0  # 0: each stage's micro_tokens (the train stages' for forward-only stages)
+    buckets: int = 4
+    align: int = 64
+
+    def apply(self, graph: StageGraph) -> StageGraph:
+        if self.tokens < 0 or self.buckets < 0 or self.align < 1:
+            raise PassError("tokens and buckets must be >= 0, align >= 1")
+        stages = [self._pack(graph, s) if s.kind in PACKED else s for s in graph.stages()]
+        return graph.rebuilt(stages, graph.flows())
+
+    def _pack(self, graph: StageGraph, stage: Stage) -> Stage:
+        tokens = self.tokens or stage.option("micro_tokens") or _train_tokens(graph)
+        data = _upstream_data(graph, stage)
+        longest = max((d.max_prompt + d.max_response for d in data), default=1)
+        if tokens < longest:
+            raise PassError(f"tokens={tokens} cannot hold one sequence of {longest} tokens "
+                            f"(max_prompt + max_response) for stage '{stage.name}'")
+        lengths = [[s.tokens for s in sample_step(d, step)] for d in data for step in range(_steps(d))]
+        ranks = stage.parallel.dp * stage.parallel.cp
+        fills = [sum(mb) for step in lengths for rank in micro_batches(step, tokens, ranks) for mb in rank]
+        buckets = choose_buckets(fills, self.buckets, tokens, self.align) if self.buckets else ()
+        options = {"pack_tokens": tokens, "buckets": buckets, "balance": "karmarkar_karp",
+                   "padding": "buckets" if buckets else "none"}
+        if buckets:
+            report = padding_report([x for step in lengths for x in step], tokens, longest, buckets, ranks)
+            options["padding_fraction"] = round(report.packed_buckets, 4)
+        return stage.with_options(**options)
+
+
+def _steps(data) -> int:
+    return max(1, min(4, -(-SAMPLED_SEQUENCES // data.samples_per_step)))
+
+
+def _train_tokens(graph: StageGraph) -> int:
+    return max((t.option("micro_tokens") for t in graph.stages_of(StageKind.TRAIN)), default=16384)
+
+
+def _upstream_data(graph: StageGraph, stage: Stage):
+    names = {graph.stage(n).data for n in nx.ancestors(graph.nx_graph(), stage.name)}
+    return [graph.data[n] for n in sorted(x for x in names if x in graph.data)]

@@ -1,0 +1,171 @@
+"""Packing algorithms: balance sequences across data-parallel ranks, pack them into token-budget
+micro-batches, and choose the static shape buckets a graph-mode executor compiles once each.
+Pure functions over lengths; the pack pass and the runtimes share them."""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+
+def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Bin packing: indices of `lengths` grouped into bins of total <= capacity, longest first,
+    each into the first bin with room (a max-segment tree finds it in O(log bins))."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    tree = _RoomTree(len(lengths))
+    bins: list[list[int]] = []
+    for i in order:
+        if lengths[i] > capacity:
+            raise ValueError(f"item of length {lengths[i]} exceeds the capacity {capacity}")
+        slot = tree.first_with_room(lengths[i])
+        if slot is None:
+            slot = len(bins)
+            bins.append([])
+            tree.set(slot, capacity)
+        bins[slot].append(i)
+        tree.set(slot, tree.room(slot) - lengths[i])
+    return bins
+
+
+class _RoomTree:
+    """Free room per bin in a max-segment tree: the first bin with room >= x in O(log n)."""
+
+    def __init__(self, n: int):
+        self.size = 1
+        while self.size < max(1, n):
+            self.size *= 2
+        self.best = [-1] * (2 * self.size)
+
+    def room(self, slot: int) -> int:
+        return self.best[self.size + slot]
+
+    def set(self, slot: int, room: int) -> None:
+        i = self.size + slot
+        self.best[i] = room
+        while i > 1:
+            i //= 2
+            self.best[i] = max(self.best[2 * i], self.best[2 * i + 1])
+
+    def first_with_room(self, need: int) -> int | None:
+        if self.best[1] < need:
+            return None
+        i = 1
+        while i < self.size:
+            i = 2 * i if self.best[2 * i] >= need else 2 * i + 1
+        return i - self.size
+
+
+def karmarkar_karp(weights: list[int], parts: int) -> list[list[int]]:
+    """Multi-way largest differencing: indices split into `parts` sets of near-equal weight sums.
+
+    A partial partition is `parts` subsets sorted by sum, largest first; the two partitions of
+    largest spread merge by pairing one's largest subset with the other's smallest. Subsets are
+    kept as trees of merged members, flattened once at the end."""
+    if parts < 1:
+        raise ValueError("parts must be >= 1")
+    if not weights:
+        return [[] for _ in range(parts)]
+    empty = [(0, ())] * (parts - 1)
+    heap = [(-w, i, [(w, i)] + empty) for i, w in enumerate(weights)]
+    heapq.heapify(heap)
+    counter = len(weights)
+    while len(heap) > 1:
+        _, _, a = heapq.heappop(heap)
+        _, _, b = heapq.heappop(heap)
+        merged = sorted(((sa + sb, _join(ma, mb)) for (sa, ma), (sb, mb) in zip(a, reversed(b))),
+                        key=lambda x: -x[0])
+        heapq.heappush(heap, (merged[-1][0] - merged[0][0], counter, merged))
+        counter += 1
+    return [sorted(_members(tree)) for _, tree in heap[0][2]]
+
+
+def _join(a, b):
+    return b if a == () else a if b == () else (a, b)
+
+
+def _members(tree) -> list[int]:
+    out, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, int):
+            out.append(node)
+        elif node:
+            stack.extend(node)
+    return out
+
+
+def choose_buckets(fills: list[int], count: int, cap: int, align: int = 64) -> tuple[int, ...]:
+    """At most `count` bucket sizes (the largest is `cap`) minimising the padding of `fills`,
+    each fill padded to the smallest bucket that holds it. Optimal 1-D partition by dynamic
+    programming over the aligned distinct fill sizes."""
+    if count < 1:
+        raise ValueError("count must be >= 1")
+    sizes = sorted({min(cap, -(-f // align) * align) for f in fills} | {cap})
+    weight = {s: 0 for s in sizes}
+    for f in fills:
+        weight[min(cap, -(-f // align) * align)] += 1
+    n = len(sizes)
+    # cost(i, j): pad every size in sizes[i..j] up to sizes[j]
+    prefix_w, prefix_ws = [0], [0]
+    for s in sizes:
+        prefix_w.append(prefix_w[-1] + weight[s])
+        prefix_ws.append(prefix_ws[-1] + weight[s] * s)
+
+    def cost(i: int, j: int) -> int:
+        return sizes[j] * (prefix_w[j + 1] - prefix_w[i]) - (prefix_ws[j + 1] - prefix_ws[i])
+
+    inf = float("inf")
+    best = [[inf] * n for _ in range(min(count, n) + 1)]
+    choice = [[-1] * n for _ in range(min(count, n) + 1)]
+    for j in range(n):
+        best[1][j] = cost(0, j)
+    for k in range(2, min(count, n) + 1):
+        for j in range(n):
+            for i in range(j):
+                candidate = best[k - 1][i] + cost(i + 1, j)
+                if candidate < best[k][j]:
+                    best[k][j], choice[k][j] = candidate, i
+    k = min(range(1, min(count, n) + 1), key=lambda k: (best[k][n - 1], k))
+    chosen, j = [], n - 1
+    while k >= 1 and j >= 0:
+        chosen.append(sizes[j])
+        j, k = choice[k][j], k - 1
+    return tuple(sorted(chosen))
+
+
+def bucket_for(fill: int, buckets: tuple[int, ...]) -> int:
+    return next(b for b in buckets if b >= fill)
+
+
+@dataclass(frozen=True)
+class PaddingReport:
+    """Share of processed tokens that are padding, under four ways to form micro-batches."""
+
+    pad_to_max: float  # every sequence padded to max_prompt + max_response
+    pad_to_longest: float  # fixed-count micro-batches padded to their longest sequence
+    packed_buckets: float  # packed by token budget, padded to the chosen static buckets
+
+
+def micro_batches(lengths: list[int], tokens: int, ranks: int) -> list[list[list[int]]]:
+    """Per data-parallel rank, its micro-batches (lists of sequence lengths): KK across ranks,
+    then first-fit-decreasing into token-budget micro-batches within each rank."""
+    result = []
+    for rank in karmarkar_karp(lengths, ranks):
+        rank_lengths = [lengths[i] for i in rank]
+        bins = first_fit_decreasing(rank_lengths, tokens)
+        result.append([[rank_lengths[j] for j in b] for b in bins])
+    return result
+
+
+def padding_report(lengths: list[int], tokens: int, longest: int, buckets: tuple[int, ...],
+                   ranks: int = 1) -> PaddingReport:
+    useful = sum(lengths)
+    per_batch = max(1, tokens // longest)  # fixed sample count per micro-batch, the classic way
+    batches = [lengths[i:i + per_batch] for i in range(0, len(lengths), per_batch)]
+    to_longest = sum(len(b) * max(b) for b in batches)
+    fills = [sum(mb) for rank in micro_batches(lengths, tokens, ranks) for mb in rank]
+    with_buckets = sum(bucket_for(f, buckets) for f in fills)
+    return PaddingReport(
+        pad_to_max=1 - useful / (len(lengths) * longest),
+        pad_to_longest=1 - useful / to_longest,
+        packed_buckets=1 - useful / with_buckets,
+    )

@@ -1,0 +1,50 @@
+"""queue-aware-dispatch{policy}: a DISPATCH node in front of every multi-instance stage.
+
+Removes: skewness bubble (an instance idle while another still has a queue).
+Assumes: nothing; stages with one instance need no dispatch.
+Policies, carried out by the controller:
+  queue_aware     send to the instance with the least queued *work* (predicted tokens in flight
+                  and waiting, from prompt length and the group's length history), keep a
+                  prompt's group on one instance when prefix reuse pays, never leave an instance
+                  idle while another has waiting work;
+  least_requests  the fewest requests in flight (what most serving routers do);
+  round_robin     an even split in arrival order (the synchronous baseline).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aspc.ir import PROMPTS, Flow, Stage, StageGraph, StageKind
+from aspc.passes.base import Pass, PassError
+from aspc.passes.rewrite import interpose
+
+POLICIES = ("queue_aware", "least_requests", "round_robin")
+_DISPATCHED = (StageKind.GENERATE, StageKind.REWARD, StageKind.REFERENCE, StageKind.CRITIC)
+
+
+@dataclass(frozen=True)
+class QueueAwareDispatch(Pass):
+    name = "queue-aware-dispatch"
+    bubble = "skewness"
+    policy: str = "queue_aware"
+    group_affinity: bool = True
+
+    def apply(self, graph: StageGraph) -> StageGraph:
+        if self.policy not in POLICIES:
+            raise PassError(f"unknown policy '{self.policy}'; choose one of {', '.join(POLICIES)}")
+        if graph.stages_of(StageKind.DISPATCH):
+            raise PassError("the graph already has DISPATCH nodes")
+        stages, flows = graph.stages(), graph.flows()
+        for stage in graph.stages():
+            if stage.kind not in _DISPATCHED or stage.instances < 2:
+                continue
+            node = f"{stage.name}.dispatch"
+            stages.append(Stage(node, StageKind.DISPATCH, options=(
+                ("group_affinity", self.group_affinity), ("instances", stage.instances),
+                ("policy", self.policy), ("target", stage.name))))
+            if stage.kind is StageKind.GENERATE:
+                flows.append(Flow(node, stage.name, (PROMPTS,)))
+            else:
+                for src in graph.producers(stage.name):
+                    flows = interpose(flows, src.name, [stage.name], node)
+        return graph.rebuilt(stages, flows)

@@ -1,0 +1,37 @@
+"""Schedules are named pass pipelines.
+
+  sync-naive  static batches, pad to longest, an even static split, stage barriers
+  sync        what a well-run synchronous framework does today: continuous batching inside an
+              instance, remove-padding (packing, dynamic shapes), even split, stage barriers
+  asp         the Adaptive Scheduling Pipeline: sync plus asynchronous decoupling under a
+              staleness bound, queue-aware dispatch, packing into static shape buckets,
+              streaming, and (if asked) partial rollout
+"""
+from __future__ import annotations
+
+from aspc import schema
+from aspc.ir import ScheduleSpec, StageGraph
+
+SCHEDULES = ("asp", "sync", "sync-naive")
+
+
+def schedule_for(graph: StageGraph, kind: str | None) -> ScheduleSpec:
+    """The file's schedule, or `kind` with its defaults when another one is asked for."""
+    if kind is None or kind == graph.schedule.kind:
+        return graph.schedule
+    defaults = {name: spec.default for name, spec in schema.SCHEDULES[kind].items()}
+    return ScheduleSpec(kind, tuple(sorted(defaults.items())))
+
+
+def pipeline_for(schedule: ScheduleSpec) -> str:
+    if schedule.kind == "sync-naive":
+        return "place"
+    if schedule.kind == "sync":
+        return "continuous-batching,queue-aware-dispatch{policy=round_robin},pack{buckets=0},place"
+    o = schedule.option
+    passes = ["continuous-batching", f"async-decouple{{staleness={o('staleness')}}}",
+              f"queue-aware-dispatch{{policy={o('dispatch')}}}",
+              f"pack{{tokens={o('pack') or 0},buckets={o('buckets')}}}", f"stream{{micro={o('stream')}}}"]
+    if o("partial_rollout"):
+        passes.append(f"partial-rollout{{max_split={o('partial_rollout')}}}")
+    return ",".join(passes + ["place"])

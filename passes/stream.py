@@ -1,0 +1,41 @@
+"""stream{micro}: downstream stages consume micro-batches of `micro` samples as they arrive.
+
+Removes: sorting bubble (a stage waiting for the whole step to be generated, gathered and sorted).
+Assumes: group-relative advantages (grpo, dapo, rloo) see whole groups, so `micro` is a multiple
+of the group size. Training accumulates gradients per micro-batch and steps once per step.
+Without it every consumer waits at a barrier for the whole step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aspc.ir import StageGraph, StageKind
+from aspc.passes.base import Pass, PassError
+
+CONSUMERS = (StageKind.REWARD, StageKind.REFERENCE, StageKind.CRITIC, StageKind.ADVANTAGE,
+             StageKind.TRAIN)
+GROUP_ESTIMATORS = ("grpo", "dapo", "rloo")
+
+
+@dataclass(frozen=True)
+class Stream(Pass):
+    name = "stream"
+    bubble = "sorting"
+    micro: int = 16
+
+    def apply(self, graph: StageGraph) -> StageGraph:
+        if self.micro < 1:
+            raise PassError(f"micro must be >= 1, got {self.micro}")
+        self._check_groups(graph)
+        stages = [s.with_options(stream_micro=self.micro) if s.kind in CONSUMERS else s
+                  for s in graph.stages()]
+        return graph.rebuilt(stages, graph.flows())
+
+    def _check_groups(self, graph: StageGraph) -> None:
+        if not any(a.option("estimator") in GROUP_ESTIMATORS for a in graph.stages_of(StageKind.ADVANTAGE)):
+            return
+        for data in graph.data.values():
+            if self.micro % data.group:
+                raise PassError(f"micro={self.micro} splits the groups of {data.group} responses of "
+                                f"data '{data.name}'; group-relative advantages need whole groups: "
+                                f"use a multiple of {data.group}")
