@@ -77,7 +77,12 @@ def check(files: tuple[str, ...], overrides: tuple[str, ...]) -> None:
 def compile_command(file, emit, emit_after, verify, output, overrides, schedule, pipeline) -> None:
     """Compile FILE and print the artifact chosen with --emit."""
     compiled = _compile(file, overrides, schedule, pipeline, emit_after, verify)
-    _write(EMITTERS[emit](compiled), output)
+    try:
+        text = EMITTERS[emit](compiled)
+    except AsplError as error:
+        click.echo(render_all(error.diagnostics, {"<-p>": pipeline or ""}), err=True)
+        sys.exit(1)
+    _write(text, output)
 
 
 @main.command()

@@ -17,7 +17,7 @@ def to_dot(graph: StageGraph) -> str:
     for pool, stages in sorted(by_pool.items(), key=lambda kv: kv[0] or ""):
         lines += _cluster(graph, pool, stages)
     for flow in graph.flows():
-        style = ", style=dashed" if flow.fields == ("weights",) else ""
+        style = ", style=dashed, constraint=false" if flow.fields == ("weights",) else ""
         lines.append(f'  "{flow.src}" -> "{flow.dst}" [label="{", ".join(flow.fields)}"{style}];')
     lines.append("}")
     return "\n".join(lines) + "\n"
@@ -32,14 +32,31 @@ def _cluster(graph: StageGraph, pool: str | None, stages: list[Stage]) -> list[s
             '    style=dashed;', *nodes, "  }"]
 
 
+_SHAPES = {"CHANNEL": "cds", "DISPATCH": "diamond", "WEIGHT_SYNC": "note"}
+
+
+def _detail(stage: Stage) -> str:
+    """One line for a pass-inserted node: what the schedule decided there."""
+    kind = stage.kind.name
+    if kind == "CHANNEL":
+        return f"\\ncap {stage.option('capacity')}, staleness {stage.option('staleness')}"
+    if kind == "DISPATCH":
+        return f"\\n{stage.option('policy')}"
+    if kind == "WEIGHT_SYNC" and stage.option("bytes"):
+        return f"\\n{stage.option('bytes') / 1e9:.1f} GB {stage.option('mode')}, {stage.option('transfer')}"
+    return ""
+
+
 def _node(stage: Stage) -> str:
     label = f"{stage.name}\\n{stage.kind.name}"
     if stage.model:
         label += f"({stage.model})"
+    label += _detail(stage)
     if stage.pool is not None:
         label += f"\\nx{stage.instances} tp{stage.parallel.tp}"
         if stage.parallel.pp > 1:
             label += f" pp{stage.parallel.pp}"
         if stage.parallel.ep > 1:
             label += f" ep{stage.parallel.ep}"
-    return f'"{stage.name}" [label="{label}", fillcolor="{_COLORS[stage.kind.name]}"];'
+    shape = f", shape={_SHAPES[stage.kind.name]}" if stage.kind.name in _SHAPES else ""
+    return f'"{stage.name}" [label="{label}", fillcolor="{_COLORS[stage.kind.name]}"{shape}];'

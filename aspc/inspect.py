@@ -28,15 +28,15 @@ def inspect_report(compiled: Compiled) -> str:
 def write_schedule_graph(compiled: Compiled, directory: Path) -> tuple[list[Path], str]:
     """Write NAME.SCHEDULE.dot, plus .svg and .png when Graphviz's `dot` is installed."""
     directory.mkdir(parents=True, exist_ok=True)
-    stem = directory / f"{compiled.graph.pipeline}.{compiled.graph.schedule.kind}"
-    dot_path = stem.with_suffix(".dot")
+    stem = f"{compiled.graph.pipeline}.{compiled.graph.schedule.kind}"
+    dot_path = directory / f"{stem}.dot"
     dot_path.write_text(to_dot(compiled.graph), encoding="utf-8")
     written = [dot_path]
     if shutil.which("dot") is None:
         return written, ("Graphviz is not installed, so only the DOT file was written; install it "
                          "(e.g. `apt-get install graphviz`) for SVG and PNG")
     for fmt in ("svg", "png"):
-        out = stem.with_suffix(f".{fmt}")
+        out = directory / f"{stem}.{fmt}"
         result = subprocess.run(["dot", f"-T{fmt}", str(dot_path), "-o", str(out)], capture_output=True,
                                 text=True, timeout=60)
         if result.returncode != 0:

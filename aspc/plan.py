@@ -136,8 +136,16 @@ def jsonable(value: Any) -> Any:
     return encode(value)
 
 
+class PlanError(Exception):
+    """The graph cannot be planned yet (a pass the plan relies on has not run)."""
+
+
 def build_plan(graph: StageGraph, passes: str) -> ExecutionPlan:
     stages = graph.stages()
+    unplaced = [s.name for s in stages if s.pool is not None and s.option("placement") is None]
+    if unplaced:
+        raise PlanError(f"stages {', '.join(unplaced)} have no devices yet: the execution plan "
+                        "needs the `place` pass at the end of the pipeline")
     syncs = [_weight_sync(graph, s) for s in stages if s.kind is StageKind.WEIGHT_SYNC]
     channels = [_channel(graph, s) for s in stages if s.kind is StageKind.CHANNEL]
     return ExecutionPlan(

@@ -12,7 +12,7 @@ from aspc.diagnostics import AsplError, Diagnostic
 from aspc.passes.manager import PassRun, run_passes
 from aspc.passes.schedules import pipeline_for, schedule_for
 from aspc.passes.spec import PassSpec, parse_pipeline, pipeline_text
-from aspc.plan import ExecutionPlan, build_plan
+from aspc.plan import ExecutionPlan, PlanError, build_plan
 from aspc.span import Span
 
 SCHEDULE_SOURCE = "<schedule>"
@@ -29,14 +29,23 @@ class Compiled:
         return self.run.graph
 
     def plan(self) -> ExecutionPlan:
-        return build_plan(self.run.graph, self.passes)
+        try:
+            return build_plan(self.run.graph, self.passes)
+        except PlanError as error:
+            raise AsplError([Diagnostic("error", Span.point("<-p>"), str(error),
+                                        "add `place` to the pass pipeline")]) from None
 
 
 def compile_with_passes(path: str | Path, overrides: list[str] | None = None, schedule: str | None = None,
                         pipeline: str | None = None, emit_after: str | None = None,
                         verify_each: bool = True) -> Compiled:
     """Compile a file and run a pass pipeline: `pipeline` if given, else the schedule's."""
-    compilation = compile_file(path, overrides)
+    return run_schedule(compile_file(path, overrides), schedule, pipeline, emit_after, verify_each)
+
+
+def run_schedule(compilation: Compilation, schedule: str | None = None, pipeline: str | None = None,
+                 emit_after: str | None = None, verify_each: bool = True) -> Compiled:
+    """Run the passes of `pipeline` (or of the schedule) on a compiled program."""
     chosen = schedule_for(compilation.graph, schedule)
     graph = compilation.graph.with_schedule(chosen)
     if pipeline is None:

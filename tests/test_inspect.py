@@ -1,0 +1,77 @@
+"""`aspc inspect`, --emit-after, --schedule and -p on the command line."""
+import json
+import shutil
+
+import pytest
+
+
+def test_inspect_shows_each_pass_with_its_diff(aspc, tmp_path):
+    result = aspc("inspect", "pipelines/tiny_grpo.aspl", "-o", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    for header in ("== 1. continuous-batching", "== 2. async-decouple", "== 3. queue-aware-dispatch",
+                   "== 4. pack", "== 5. stream", "== 6. place"):
+        assert header in out
+    assert "+stage gen.channel = CHANNEL" in out
+    assert "-flow gen -> score : responses" in out
+    assert (tmp_path / "tiny_grpo.asp.dot").read_text().startswith('digraph "tiny_grpo"')
+
+
+def test_inspect_without_graphviz_says_how_to_get_pictures(aspc, tmp_path, monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    result = aspc("inspect", "pipelines/tiny_grpo.aspl", "-o", str(tmp_path))
+    assert result.exit_code == 0
+    assert "Graphviz is not installed" in result.stderr
+    assert not (tmp_path / "tiny_grpo.asp.svg").exists()
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz is not installed")
+def test_inspect_with_graphviz_writes_svg_and_png(aspc, tmp_path):
+    result = aspc("inspect", "pipelines/grpo_7b.aspl", "--schedule", "sync", "-o", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "grpo_7b.sync.svg").read_text().lstrip().startswith(("<?xml", "<svg"))
+    assert (tmp_path / "grpo_7b.sync.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_emit_after_stops_after_that_pass(aspc):
+    out = aspc("compile", "pipelines/tiny_grpo.aspl", "--emit-after", "async-decouple").stdout
+    assert "gen.channel = CHANNEL" in out
+    assert "gen.dispatch" not in out and "pack_tokens" not in out
+
+
+def test_emit_after_an_absent_pass_is_an_error(aspc):
+    result = aspc("compile", "pipelines/tiny_grpo.aspl", "--schedule", "sync", "--emit-after", "stream")
+    assert result.exit_code == 1
+    assert "no such pass in the pipeline" in result.stderr
+
+
+def test_schedule_flag_overrides_the_file(aspc):
+    plan = json.loads(aspc("compile", "pipelines/tiny_grpo.aspl", "--schedule", "sync-naive",
+                           "--emit", "plan").stdout)
+    assert plan["schedule"] == "sync-naive" and plan["passes"] == "place" and plan["channels"] == []
+    assert plan["stages"][0]["batching"] == "static"
+
+
+def test_failing_pass_is_named_with_the_passes_before_it(aspc):
+    result = aspc("compile", "pipelines/tiny_grpo.aspl", "-p", "continuous-batching,stream{micro=3},place")
+    assert result.exit_code == 1
+    assert "pass 'stream' failed" in result.stderr
+    assert "passes before it: continuous-batching" in result.stderr
+
+
+def test_plan_without_place_is_a_clear_error(aspc):
+    result = aspc("compile", "pipelines/tiny_grpo.aspl", "-p", "continuous-batching", "--emit", "plan")
+    assert result.exit_code == 1
+    assert "needs the `place` pass" in result.stderr
+
+
+def test_verify_flag_runs(aspc):
+    assert aspc("compile", "pipelines/dapo_32b.aspl", "--verify", "--emit", "plan").exit_code == 0
+
+
+def test_staleness_zero_is_on_policy_in_the_plan(aspc):
+    plan = json.loads(aspc("compile", "pipelines/tiny_grpo.aspl", "--set", "schedule.staleness=0",
+                           "--emit", "plan").stdout)
+    assert plan["staleness"] == 0
+    assert plan["channels"][0]["capacity"] == plan["channels"][0]["samples_per_step"]
+    assert plan["weight_syncs"][0]["staleness"] == 0
