@@ -141,7 +141,7 @@ class PaddingReport:
     """Share of processed tokens that are padding, under four ways to form micro-batches."""
 
     pad_to_max: float  # every sequence padded to max_prompt + max_response
-    pad_to_longest: float  # fixed-count micro-batches padded to their longest sequence
+    pad_to_longest: float  # fixed-count micro-batches (tokens / mean length samples) padded to their longest
     packed_buckets: float  # packed by token budget, padded to the chosen static buckets
 
 
@@ -159,7 +159,8 @@ def micro_batches(lengths: list[int], tokens: int, ranks: int) -> list[list[list
 def padding_report(lengths: list[int], tokens: int, longest: int, buckets: tuple[int, ...],
                    ranks: int = 1) -> PaddingReport:
     useful = sum(lengths)
-    per_batch = max(1, tokens // longest)  # fixed sample count per micro-batch, the classic way
+    # the classic way: a fixed sample count per micro-batch, the budget's worth on average
+    per_batch = max(1, round(tokens * len(lengths) / useful))
     batches = [lengths[i:i + per_batch] for i in range(0, len(lengths), per_batch)]
     to_longest = sum(len(b) * max(b) for b in batches)
     fills = [sum(mb) for rank in micro_batches(lengths, tokens, ranks) for mb in rank]

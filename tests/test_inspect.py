@@ -75,3 +75,16 @@ def test_staleness_zero_is_on_policy_in_the_plan(aspc):
     assert plan["staleness"] == 0
     assert plan["channels"][0]["capacity"] == plan["channels"][0]["samples_per_step"]
     assert plan["weight_syncs"][0]["staleness"] == 0
+
+
+def test_passes_doc_covers_every_pass_and_option():
+    import dataclasses
+
+    from aspc.passes.registry import PASSES
+    from conftest import ROOT
+
+    doc = (ROOT / "docs" / "passes.md").read_text()
+    for name, cls in PASSES.items():
+        assert f"### `{name}" in doc
+        for field in dataclasses.fields(cls):
+            assert f"`{field.name}`" in doc, f"docs/passes.md lacks option {field.name} of {name}"
