@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from aspc.ir import Parallel, Stage, StageGraph, StageKind
+from aspc.facts import ModelArch
+from aspc.ir import DataSpec, Parallel, Stage, StageGraph, StageKind
 from aspc.serialize import encode
 from aspc.values import Call
 
@@ -25,6 +26,33 @@ class PoolPlan:
     name: str
     hardware: str
     count: int
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    name: str
+    preset: str
+    dtype: str
+    arch: ModelArch
+    frozen_of: str | None
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    name: str
+    source: str
+    location: str
+    prompts_per_step: int
+    group: int
+    max_prompt: int
+    max_response: int
+    seed: int
+    response_lengths: Call | None
+    prompt_lengths: Call | None
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.prompts_per_step * self.group
 
 
 @dataclass(frozen=True)
@@ -110,6 +138,8 @@ class ExecutionPlan:
     passes: str
     staleness: int
     pools: tuple[PoolPlan, ...]
+    models: tuple[ModelPlan, ...]
+    data: tuple[DataPlan, ...]
     stages: tuple[StagePlan, ...]
     channels: tuple[ChannelPlan, ...]
     dispatches: tuple[DispatchPlan, ...]
@@ -117,6 +147,18 @@ class ExecutionPlan:
 
     def stage(self, name: str) -> StagePlan:
         return next(s for s in self.stages if s.name == name)
+
+    def stages_of(self, kind: str) -> list[StagePlan]:
+        return [s for s in self.stages if s.kind == kind]
+
+    def model(self, name: str) -> ModelPlan:
+        return next(m for m in self.models if m.name == name)
+
+    def dataset(self, name: str) -> DataPlan:
+        return next(d for d in self.data if d.name == name)
+
+    def pool(self, name: str) -> PoolPlan:
+        return next(p for p in self.pools if p.name == name)
 
     def to_json(self) -> str:
         doc = {"format": "aspc.execution_plan", "version": PLAN_VERSION, **jsonable(self)}
@@ -145,13 +187,18 @@ def build_plan(graph: StageGraph, passes: str) -> ExecutionPlan:
     unplaced = [s.name for s in stages if s.pool is not None and s.option("placement") is None]
     if unplaced:
         raise PlanError(f"stages {', '.join(unplaced)} have no devices yet: the execution plan "
-                        "needs the `place` pass at the end of the pipeline")
+                        "needs the `place` pass in the pipeline")
     syncs = [_weight_sync(graph, s) for s in stages if s.kind is StageKind.WEIGHT_SYNC]
     channels = [_channel(graph, s) for s in stages if s.kind is StageKind.CHANNEL]
     return ExecutionPlan(
         pipeline=graph.pipeline, schedule=graph.schedule.kind, passes=passes,
         staleness=max((c.staleness for c in channels), default=0),
         pools=tuple(PoolPlan(p.name, p.hardware.name, p.count) for _, p in sorted(graph.pools.items())),
+        models=tuple(ModelPlan(m.name, m.preset, m.dtype, m.arch, m.frozen_of)
+                     for _, m in sorted(graph.models.items())),
+        data=tuple(DataPlan(d.name, d.source, d.location, d.prompts_per_step, d.group, d.max_prompt,
+                            d.max_response, d.seed, d.response_lengths, d.prompt_lengths)
+                   for _, d in sorted(graph.data.items())),
         stages=tuple(_stage(graph, s) for s in stages if s.kind.value in _USER_KINDS),
         channels=tuple(channels),
         dispatches=tuple(_dispatch(s) for s in stages if s.kind is StageKind.DISPATCH),

@@ -26,7 +26,7 @@ def row(name: str) -> str:
     data = next(iter(graph.data.values()))
     lengths = [s.tokens for step in HELD_OUT_STEPS for s in sample_step(data, step)]
     longest = data.max_prompt + data.max_response
-    ranks = train.parallel.dp * train.parallel.cp
+    ranks = train.parallel.dp
     buckets = train.option("buckets")
     report = padding_report(lengths, train.option("pack_tokens"), longest, buckets, ranks)
     mean = sum(lengths) / len(lengths)

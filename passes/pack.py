@@ -2,7 +2,8 @@
 padded only to a few static shape buckets.
 
 Removes: padding bubble (pad tokens in micro-batches padded to their longest sequence).
-Assumes: every sequence (max_prompt + max_response) fits in `tokens`.
+Assumes: every sequence (max_prompt + max_response) fits in `tokens`. Runs after `stream`, if
+any, so that it packs the streamed units of `micro` samples the stages will really receive.
 For each stage that runs a forward or backward pass (train, reference, critic) the pass samples
 the declared length distribution, splits a step's sequences across the stage's dp ranks with
 Karmarkar-Karp, packs each rank's share first-fit-decreasing into micro-batches of at most
@@ -47,7 +48,10 @@ class Pack(Pass):
             raise PassError(f"tokens={tokens} cannot hold one sequence of {longest} tokens "
                             f"(max_prompt + max_response) for stage '{stage.name}'")
         lengths = [[s.tokens for s in sample_step(d, step)] for d in data for step in range(_steps(d))]
-        ranks = stage.parallel.dp * stage.parallel.cp
+        micro = stage.option("stream_micro")
+        if micro:  # streamed: a micro-batch packs one unit of `micro` samples, not a whole step
+            lengths = [step[i:i + micro] for step in lengths for i in range(0, len(step), micro)]
+        ranks = stage.parallel.dp  # context parallelism splits sequences, it adds no ranks
         fills = [sum(mb) for step in lengths for rank in micro_batches(step, tokens, ranks) for mb in rank]
         buckets = choose_buckets(fills, self.buckets, tokens, self.align) if self.buckets else ()
         options = {"pack_tokens": tokens, "buckets": buckets, "balance": "karmarkar_karp",

@@ -1,4 +1,5 @@
-"""Schedules are named pass pipelines.
+"""Schedules are named pass pipelines. `place` runs early, so that the passes after it know
+which stages time-share devices with generation.
 
   sync-naive  static batches, pad to longest, an even static split, stage barriers
   sync        what a well-run synchronous framework does today: continuous batching inside an
@@ -27,11 +28,11 @@ def pipeline_for(schedule: ScheduleSpec) -> str:
     if schedule.kind == "sync-naive":
         return "place"
     if schedule.kind == "sync":
-        return "continuous-batching,queue-aware-dispatch{policy=round_robin},pack{buckets=0},place"
+        return "continuous-batching,place,queue-aware-dispatch{policy=round_robin},pack{buckets=0}"
     o = schedule.option
-    passes = ["continuous-batching", f"async-decouple{{staleness={o('staleness')}}}",
-              f"queue-aware-dispatch{{policy={o('dispatch')}}}",
-              f"pack{{tokens={o('pack') or 0},buckets={o('buckets')}}}", f"stream{{micro={o('stream')}}}"]
+    passes = ["continuous-batching", "place", f"async-decouple{{staleness={o('staleness')}}}",
+              f"queue-aware-dispatch{{policy={o('dispatch')}}}", f"stream{{micro={o('stream')}}}",
+              f"pack{{tokens={o('pack') or 0},buckets={o('buckets')}}}"]
     if o("partial_rollout"):
         passes.append(f"partial-rollout{{max_split={o('partial_rollout')}}}")
-    return ",".join(passes + ["place"])
+    return ",".join(passes)

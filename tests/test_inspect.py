@@ -9,8 +9,8 @@ def test_inspect_shows_each_pass_with_its_diff(aspc, tmp_path):
     result = aspc("inspect", "pipelines/tiny_grpo.aspl", "-o", str(tmp_path))
     assert result.exit_code == 0, result.output
     out = result.stdout
-    for header in ("== 1. continuous-batching", "== 2. async-decouple", "== 3. queue-aware-dispatch",
-                   "== 4. pack", "== 5. stream", "== 6. place"):
+    for header in ("== 1. continuous-batching", "== 2. place", "== 3. async-decouple",
+                   "== 4. queue-aware-dispatch", "== 5. stream", "== 6. pack"):
         assert header in out
     assert "+stage gen.channel = CHANNEL" in out
     assert "-flow gen -> score : responses" in out

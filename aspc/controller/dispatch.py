@@ -1,0 +1,40 @@
+"""Dispatch policies: which generation instance gets a released unit (a prompt's group, or one
+sample), and which idle instance may steal queued work. Pure functions over queue summaries."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the controller knows of one instance when it routes work."""
+
+    index: int
+    live: bool
+    queued_requests: int
+    inflight_requests: int
+    queued_work: float  # predicted tokens waiting in its queue
+    inflight_work: float  # predicted tokens still to generate for what it runs
+
+
+def choose_instance(policy: str, loads: list[Load], counter: int) -> int:
+    """The instance a new unit goes to."""
+    live = [l for l in loads if l.live] or loads
+    if policy == "queue_aware":
+        return min(live, key=lambda l: (l.queued_work + l.inflight_work, l.index)).index
+    if policy == "least_requests":
+        return min(live, key=lambda l: (l.queued_requests + l.inflight_requests, l.index)).index
+    return live[counter % len(live)].index  # round_robin, and the static split of sync-naive
+
+
+def steals(policy: str) -> bool:
+    """Only queue-aware dispatch moves queued work to an idle instance; the others route once."""
+    return policy == "queue_aware"
+
+
+def steal_victim(loads: list[Load], thief: int) -> int | None:
+    """The instance with the most queued work, if any other has a queue."""
+    others = [l for l in loads if l.index != thief and l.queued_requests > 0]
+    if not others:
+        return None
+    return max(others, key=lambda l: (l.queued_work, -l.index)).index

@@ -1,0 +1,110 @@
+"""Events (driver -> controller) and actions (controller -> driver): plain frozen records."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SampleId = tuple[int, int, int]  # (train step that consumes it, prompt within the step, index in group)
+
+
+@dataclass(frozen=True)
+class Request:
+    sample: SampleId
+    prompt_len: int
+    version: int  # the policy version the instance generates it with (its oldest, under partial rollout)
+
+
+# ---- events ----
+@dataclass(frozen=True)
+class Start:
+    pass
+
+
+@dataclass(frozen=True)
+class InstanceIdle:
+    """The instance can hold `capacity` requests at once from now on (0: paused, e.g. offloaded)."""
+
+    instance: int
+    capacity: int
+
+
+@dataclass(frozen=True)
+class SampleFinished:
+    sample: SampleId
+    instance: int
+    response_len: int
+
+
+@dataclass(frozen=True)
+class WorkFinished:
+    work: int
+
+
+@dataclass(frozen=True)
+class WeightsPublished:
+    version: int
+
+
+@dataclass(frozen=True)
+class WeightsLoaded:
+    instance: int
+    version: int
+
+
+@dataclass(frozen=True)
+class InstanceFailed:
+    instance: int
+
+
+@dataclass(frozen=True)
+class InstanceRecovered:
+    instance: int
+
+
+# ---- actions ----
+@dataclass(frozen=True)
+class Dispatch:
+    instance: int
+    requests: tuple[Request, ...]
+
+
+@dataclass(frozen=True)
+class Work:
+    """A streamed unit of samples for one stage: reward, reference, critic, or train (fwd+bwd)."""
+
+    id: int
+    stage: str
+    kind: str  # "reward" | "reference" | "critic" | "train"
+    step: int
+    samples: tuple[SampleId, ...]
+
+
+@dataclass(frozen=True)
+class RunWork:
+    work: Work
+
+
+@dataclass(frozen=True)
+class OptimizerStep:
+    step: int  # turns version `step` into `step + 1`
+
+
+@dataclass(frozen=True)
+class SyncWeights:
+    instance: int
+    version: int
+    interrupt: bool  # partial rollout: pause in-flight requests, load, resume them
+
+
+@dataclass(frozen=True)
+class RestartInstance:
+    instance: int
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    steps: int

@@ -1,0 +1,165 @@
+"""The generation side of the controller: released units, per-instance queues, in-flight
+requests, the staleness gate and weight-sync bookkeeping."""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+from aspc.controller.dispatch import Load, choose_instance, steal_victim, steals
+from aspc.controller.events import Dispatch, Request, SampleId
+
+
+@dataclass
+class InstanceState:
+    capacity: int = 0
+    loaded: int = 0  # policy version it generates with
+    live: bool = True
+    pending_sync: int | None = None  # a version it must load before taking new work
+    syncing: int | None = None  # the version a SyncWeights action is loading
+    queue: deque = field(default_factory=deque)  # units: lists of (sample, prompt_len, predicted)
+    inflight: dict = field(default_factory=dict)  # sample -> predicted tokens
+    queued_requests: int = 0
+    queued_work: float = 0.0
+    inflight_work: float = 0.0
+
+    def push(self, unit: list, position: int | None = None) -> None:
+        self.queue.insert(len(self.queue) if position is None else position, unit)
+        self.queued_requests += len(unit)
+        self.queued_work += sum(r[2] for r in unit)
+
+    def remove(self, index: int) -> list:
+        unit = self.queue[index]
+        del self.queue[index]
+        self.queued_requests -= len(unit)
+        self.queued_work -= sum(r[2] for r in unit)
+        return unit
+
+
+class Generation:
+    def __init__(self, config, prompt_len):
+        self.config = config
+        self.prompt_len = prompt_len
+        self.instances = [InstanceState() for _ in range(config.instances)]
+        self.inflight: dict[SampleId, int] = {}
+        self.start_version: dict[SampleId, int] = {}
+        self.splits: dict[SampleId, int] = {}
+        self.history: dict[tuple[int, int], list[int]] = {}
+        self.finished_lengths = 0
+        self.finished_count = 0
+        self.released_steps = 0
+        self.routed = 0
+
+    # -- prediction of queued work (queue-aware dispatch) --
+    def predicted(self, sample: SampleId, prompt_len: int) -> float:
+        lengths = self.history.get(sample[:2])
+        if lengths:
+            response = sum(lengths) / len(lengths)
+        elif self.finished_count:
+            response = self.finished_lengths / self.finished_count
+        else:
+            response = self.config.max_response / 4
+        return prompt_len + response
+
+    def loads(self) -> list[Load]:
+        return [Load(i, inst.live, inst.queued_requests, len(inst.inflight), inst.queued_work,
+                     inst.inflight_work) for i, inst in enumerate(self.instances)]
+
+    # -- release under the staleness gate --
+    def release(self, version: int) -> None:
+        c = self.config
+        while self.released_steps < c.steps and self.released_steps - c.staleness <= version:
+            step = self.released_steps
+            for prompt in range(c.prompts_per_step):
+                length = self.prompt_len(step, prompt)
+                samples = [((step, prompt, g), length, self.predicted((step, prompt, g), length))
+                           for g in range(c.group)]
+                units = [samples] if c.group_affinity else [[s] for s in samples]
+                for unit in units:
+                    self.route(unit)
+            self.released_steps += 1
+
+    def route(self, unit: list) -> None:
+        """Queue a unit on the policy's instance, in step order (re-queued work of an old step
+        goes ahead of newer steps, so the staleness gate cannot block it behind them)."""
+        target = choose_instance(self.config.policy, self.loads(), self.routed)
+        self.routed += 1
+        inst = self.instances[target]
+        step = unit[0][0][0]
+        position = len(inst.queue)
+        while position > 0 and inst.queue[position - 1][0][0][0] > step:
+            position -= 1
+        inst.push(unit, position)
+
+    # -- dispatch --
+    def dispatchable(self, unit: list, inst: InstanceState) -> bool:
+        return unit[0][0][0] - self.config.staleness <= inst.loaded
+
+    def dispatch_all(self) -> list[Dispatch]:
+        actions = []
+        for i, inst in enumerate(self.instances):
+            if not inst.live or inst.pending_sync is not None:
+                continue
+            requests = self._take(i, inst)
+            while len(inst.inflight) < inst.capacity and steals(self.config.policy) and self._steal(i):
+                requests += self._take(i, inst)
+            if requests:
+                actions.append(Dispatch(i, tuple(requests)))
+        return actions
+
+    def _steal(self, thief: int) -> bool:
+        """Move the newest unit the thief may run from the most loaded queue; False if none."""
+        inst = self.instances[thief]
+        if inst.queue:
+            return False
+        loads = [l if any(self.dispatchable(u, inst) for u in self.instances[l.index].queue)
+                 else replace(l, queued_requests=0) for l in self.loads()]
+        victim = steal_victim(loads, thief)
+        if victim is None:
+            return False
+        other = self.instances[victim]
+        index = max(k for k, unit in enumerate(other.queue) if self.dispatchable(unit, inst))
+        inst.push(other.remove(index))
+        return True
+
+    def _take(self, i: int, inst: InstanceState) -> list[Request]:
+        requests = []
+        while inst.queue and len(inst.inflight) < inst.capacity and self.dispatchable(inst.queue[0], inst):
+            unit = inst.queue[0]
+            sample, prompt_len, predicted = unit.pop(0)
+            inst.queued_requests -= 1
+            inst.queued_work -= predicted
+            if not unit:
+                inst.queue.popleft()
+            inst.inflight[sample] = predicted
+            inst.inflight_work += predicted
+            self.inflight[sample] = i
+            self.start_version.setdefault(sample, inst.loaded)
+            requests.append(Request(sample, prompt_len, self.start_version[sample]))
+        return requests
+
+    def finish(self, sample: SampleId, instance: int, length: int) -> bool:
+        """Record a finished sample; False if it is stale (its instance failed meanwhile)."""
+        if self.inflight.get(sample) != instance:
+            return False
+        del self.inflight[sample]
+        inst = self.instances[instance]
+        inst.inflight_work -= inst.inflight.pop(sample)
+        self.history.setdefault(sample[:2], []).append(length)
+        self.finished_lengths += length
+        self.finished_count += 1
+        return True
+
+    def fail(self, instance: int) -> None:
+        """Re-queue what a failed instance held; the work it did is lost and is redone."""
+        inst = self.instances[instance]
+        inst.live = False
+        lost = sorted(inst.inflight.items())
+        for sample, _ in lost:
+            del self.inflight[sample]
+            self.start_version.pop(sample, None)
+        inst.inflight.clear()
+        inst.inflight_work = 0.0
+        units = [inst.remove(0) for _ in range(len(inst.queue))]
+        units += [[(s, self.prompt_len(*s[:2]), p)] for s, p in lost]
+        for unit in units:
+            self.route(unit)

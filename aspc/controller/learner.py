@@ -1,0 +1,86 @@
+"""The training side of the controller: finished samples become streamed units (whole groups),
+each unit runs the forward stages (reward, reference, critic) and then training; a step's
+optimizer update follows its last unit."""
+from __future__ import annotations
+
+from collections import defaultdict, deque
+
+from aspc.controller.events import SampleId, Work
+
+
+class Learner:
+    def __init__(self, config):
+        self.config = config
+        self.group_done: dict[tuple[int, int], int] = defaultdict(int)
+        self.ready_groups: dict[int, list[int]] = defaultdict(list)  # step -> completed prompts
+        self.grouped: dict[int, int] = defaultdict(int)  # step -> samples put into units
+        self.work: dict[int, Work] = {}
+        self.forward_left: dict[int, int] = {}  # train unit id -> forward works still running
+        self.unit_of: dict[int, int] = {}  # forward work id -> its train unit id
+        self.train_ready: dict[int, deque] = defaultdict(deque)
+        self.train_left: dict[int, int] = defaultdict(int)  # step -> train works not finished
+        self.trained: dict[int, int] = defaultdict(int)  # step -> samples trained
+        self.next_id = 0
+
+    def sample_done(self, sample: SampleId) -> list[Work]:
+        """Forward works for the units this sample completes."""
+        step, prompt, _ = sample
+        self.group_done[(step, prompt)] += 1
+        if self.group_done[(step, prompt)] == self.config.group:
+            self.ready_groups[step].append(prompt)
+        return self._form_units(step)
+
+    def _form_units(self, step: int) -> list[Work]:
+        c = self.config
+        ready = self.ready_groups[step]
+        step_complete = self.grouped[step] + len(ready) * c.group == c.samples_per_step
+        size = c.stream_micro or c.samples_per_step
+        works = []
+        while ready and (len(ready) * c.group >= size or step_complete):
+            take = max(1, size // c.group)
+            prompts, ready[:] = ready[:take], ready[take:]
+            samples = tuple((step, p, g) for p in prompts for g in range(c.group))
+            self.grouped[step] += len(samples)
+            works += self._unit(step, samples)
+        return works
+
+    def _unit(self, step: int, samples: tuple) -> list[Work]:
+        train = self._new(self.config.train_stage, "train", step, samples)
+        forward = [self._new(name, kind, step, samples) for name, kind in self.config.forward_stages]
+        self.forward_left[train.id] = len(forward)
+        self.train_left[step] += 1
+        for work in forward:
+            self.unit_of[work.id] = train.id
+        if not forward:
+            self.train_ready[step].append(train)
+        return forward
+
+    def _new(self, stage: str, kind: str, step: int, samples: tuple) -> Work:
+        work = Work(self.next_id, stage, kind, step, samples)
+        self.work[work.id] = work
+        self.next_id += 1
+        return work
+
+    def work_done(self, work_id: int) -> int | None:
+        """Record a finished work; returns the step whose optimizer update may now run, if any."""
+        work = self.work.pop(work_id, None)
+        if work is None:
+            return None
+        if work.kind != "train":
+            unit = self.unit_of.pop(work_id)
+            self.forward_left[unit] -= 1
+            if self.forward_left[unit] == 0:
+                self.train_ready[work.step].append(self.work[unit])
+            return None
+        self.train_left[work.step] -= 1
+        self.trained[work.step] += len(work.samples)
+        if self.trained[work.step] == self.config.samples_per_step and self.train_left[work.step] == 0:
+            return work.step
+        return None
+
+    def runnable_train(self, version: int) -> list[Work]:
+        """Train works of the step whose weights are current (training is in step order)."""
+        queue = self.train_ready[version]
+        works = list(queue)
+        queue.clear()
+        return works
