@@ -6,6 +6,7 @@ buckets and by the simulator; deterministic for a data spec, a step and a seed.
 """
 from __future__ import annotations
 
+import functools
 import math
 import random
 from dataclasses import dataclass
@@ -59,11 +60,17 @@ def _draw_correlated(dist: Call, cap: int, rng: random.Random, shared: float) ->
 
 
 def _draw(dist: Call, cap: int, rng: random.Random, z: float) -> int:
+    p = _params(dist)
     if dist.func == "fixed":
-        value = dist.get("length")
+        value = p["length"]
     elif dist.func == "uniform":
-        value = rng.randint(dist.get("min"), dist.get("max"))
+        value = rng.randint(p["min"], p["max"])
     else:  # lognormal with the given mean: mu = ln(mean) - sigma^2 / 2
-        sigma = dist.get("sigma")
-        value = math.exp(math.log(dist.get("mean")) - sigma * sigma / 2 + sigma * z)
+        sigma = p["sigma"]
+        value = math.exp(math.log(p["mean"]) - sigma * sigma / 2 + sigma * z)
     return max(1, min(cap, round(value)))
+
+
+@functools.lru_cache(maxsize=64)
+def _params(dist: Call) -> dict:
+    return dict(dist.kwargs)

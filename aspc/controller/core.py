@@ -31,7 +31,9 @@ class Controller:
     def handle(self, event) -> list:
         handler = getattr(self, "_on_" + type(event).__name__)
         actions = handler(event)
-        return actions + self._pump()
+        # a finished sample frees capacity on its own instance only; anything else may change more
+        only = event.instance if isinstance(event, SampleFinished) else None
+        return actions + self._pump(only)
 
     # -- events --
     def _on_Start(self, event: Start) -> list:
@@ -116,11 +118,11 @@ class Controller:
         return []
 
     # -- after every event --
-    def _pump(self) -> list:
+    def _pump(self, only: int | None = None) -> list:
         if self.finished:
             return []
         self.gen.release(self.version)
-        actions: list = self.gen.dispatch_all()
+        actions: list = self.gen.dispatch_all(only)
         actions += [RunWork(w) for w in self.learner.runnable_train(self.version)]
         return actions
 

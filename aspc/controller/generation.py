@@ -3,9 +3,9 @@ requests, the staleness gate and weight-sync bookkeeping."""
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from aspc.controller.dispatch import Load, choose_instance, steal_victim, steals
+from aspc.controller.dispatch import Load, choose_instance, steals
 from aspc.controller.events import Dispatch, Request, SampleId
 
 
@@ -94,10 +94,11 @@ class Generation:
     def dispatchable(self, unit: list, inst: InstanceState) -> bool:
         return unit[0][0][0] - self.config.staleness <= inst.loaded
 
-    def dispatch_all(self) -> list[Dispatch]:
+    def dispatch_all(self, only: int | None = None) -> list[Dispatch]:
+        """Fill free capacity (of every instance, or of `only`) from the queues."""
         actions = []
         for i, inst in enumerate(self.instances):
-            if not inst.live or inst.pending_sync is not None:
+            if (only is not None and i != only) or not inst.live or inst.pending_sync is not None:
                 continue
             requests = self._take(i, inst)
             while len(inst.inflight) < inst.capacity and steals(self.config.policy) and self._steal(i):
@@ -107,16 +108,16 @@ class Generation:
         return actions
 
     def _steal(self, thief: int) -> bool:
-        """Move the newest unit the thief may run from the most loaded queue; False if none."""
+        """Move the newest unit the thief may run from the most loaded queue; False if none.
+        Queues are in step order, so a queue whose head the thief cannot run holds nothing for it."""
         inst = self.instances[thief]
         if inst.queue:
             return False
-        loads = [l if any(self.dispatchable(u, inst) for u in self.instances[l.index].queue)
-                 else replace(l, queued_requests=0) for l in self.loads()]
-        victim = steal_victim(loads, thief)
-        if victim is None:
+        candidates = [(other.queued_work, -j) for j, other in enumerate(self.instances)
+                      if j != thief and other.queue and self.dispatchable(other.queue[0], inst)]
+        if not candidates:
             return False
-        other = self.instances[victim]
+        other = self.instances[-max(candidates)[1]]
         index = max(k for k, unit in enumerate(other.queue) if self.dispatchable(unit, inst))
         inst.push(other.remove(index))
         return True

@@ -38,25 +38,31 @@ class GenerationCost:
     def _flops(self) -> float:
         return parameters()["efficiency"]["flops"] * self.hw.peak_bf16_tflops * 1e12
 
-    @property
+    @functools.cached_property
     def alpha(self) -> float:
         """Seconds per token of context per step: KV reads, spread over the instance's devices."""
         kv = self.arch.kv_bytes_per_token(self.dtype_bytes)
         split = self.par.dp * (1 if self.arch.attention == "mla" else min(self.par.tp, self.arch.kv_heads))
         return kv / (self._bw * split * self.par.pp)
 
-    def beta(self, batch: int) -> float:
-        """Seconds per step besides KV reads: weight reads or compute, launch, TP latency."""
+    @functools.cached_property
+    def _shape(self) -> tuple[float, float, float, float]:
+        """(dense bytes read per step, all expert bytes, compute seconds per sequence, fixed overhead)."""
         g = parameters()["generation"]
-        dense = self.arch.dense_params() / self.par.tp
-        touched = 1 - (1 - self.arch.top_k / self.arch.experts) ** max(batch, 1) if self.arch.experts else 0
-        experts = self.arch.expert_params() * touched / self.par.ep
-        weight_read = (dense + experts) * self.dtype_bytes / (self._bw * self.par.pp)
-        per_rank = max(batch / self.par.dp, 1)
-        compute = 2 * per_rank * self.arch.active_params() / (self._flops * self.par.tp * self.par.pp)
+        dense = self.arch.dense_params() / self.par.tp * self.dtype_bytes / (self._bw * self.par.pp)
+        experts = self.arch.expert_params() / self.par.ep * self.dtype_bytes / (self._bw * self.par.pp)
+        compute = 2 * self.arch.active_params() / (self._flops * self.par.tp * self.par.pp)
         launch = g["launch_graph_s"] if self.graph_mode else g["launch_eager_per_layer_s"] * self.arch.layers
         comm = 2 * self.arch.layers * g["tp_allreduce_latency_s"] if self.par.tp > 1 else 0.0
-        return max(weight_read, compute) + launch + comm
+        return dense, experts, compute, launch + comm
+
+    def beta(self, batch: int) -> float:
+        """Seconds per step besides KV reads: weight reads or compute, launch, TP latency. MoE reads
+        the experts a batch touches: 1 - (1 - k/E)^B of them per layer."""
+        dense, experts, compute, fixed = self._shape
+        touched = 1 - (1 - self.arch.top_k / self.arch.experts) ** max(batch, 1) if self.arch.experts else 0
+        per_rank = max(batch / self.par.dp, 1)
+        return max(dense + experts * touched, compute * per_rank) + fixed
 
     def prefill(self, tokens: int) -> float:
         devices = self.par.tp * self.par.pp * self.par.dp

@@ -16,11 +16,11 @@ from aspc.controller.events import (Checkpoint, Dispatch, Finished, InstanceIdle
                                     WeightsLoaded, WeightsPublished, WorkFinished)
 from aspc.plan import ExecutionPlan, StagePlan
 from aspc.workload import sample_step
-from backends.sim.costmodel import (GenerationCost, LearnerCost, dtype_bytes, hardware_of, offload_seconds,
+from aspc.backends.sim.costmodel import (GenerationCost, LearnerCost, dtype_bytes, hardware_of, offload_seconds,
                                     usable_hbm, weight_sync_seconds)
-from backends.sim.instance import GenInstance
-from backends.sim.learner import work_cost
-from backends.sim.ledger import Ledger, Span
+from aspc.backends.sim.instance import GenInstance
+from aspc.backends.sim.learner import packed_ranks, work_cost
+from aspc.backends.sim.ledger import Ledger, Span
 
 LEARNER_KINDS = ("reference", "critic", "train")
 
@@ -58,6 +58,7 @@ class Simulation:
         self.switch_spans: list[tuple[float, float, str]] = []
         self.modes: dict[str, list[tuple[float, str]]] = {p: [(0.0, "gen")] for p in self.pool_mode}
         self.learner_busy: dict[str, list[tuple[float, float]]] = {}
+        self._packed: dict[tuple, list] = {}
         self.done = False
 
     # ---- setup ----
@@ -229,8 +230,11 @@ class Simulation:
         model = self.plan.model(stage.model)
         cost = LearnerCost(model.arch, hardware_of(self.plan, stage), stage.parallel,
                            bool(dict(stage.options).get("recompute", False)))
-        lengths = [self._sample(*s).tokens for s in work.samples]
-        wc = work_cost(stage, cost, work.kind, lengths, self._mean_tokens_cached())
+        key = (work.step, work.samples[0], len(work.samples), stage.micro_batching, stage.parallel.dp)
+        if key not in self._packed:  # reference and train pack the same unit the same way
+            lengths = [self._sample(*s).tokens for s in work.samples]
+            self._packed[key] = packed_ranks(stage, lengths, self._mean_tokens_cached())
+        wc = work_cost(stage, cost, work.kind, self._packed[key])
         self._learner_span(learner, wc, work)
         return wc.seconds
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 import math
 
-from backends.sim.costmodel import GenerationCost
+from aspc.backends.sim.costmodel import GenerationCost
 
 
 class GenInstance:

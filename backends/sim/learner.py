@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from aspc.passes.packing import bucket_for, first_fit_decreasing
 from aspc.plan import StagePlan
-from backends.sim.costmodel import LearnerCost
+from aspc.backends.sim.costmodel import LearnerCost
 
 
 @dataclass(frozen=True)
@@ -48,16 +48,21 @@ def micro_batches(lengths: list[int], stage: StagePlan, mean: float) -> list[tup
     return out
 
 
-def work_cost(stage: StagePlan, cost: LearnerCost, kind: str, lengths: list[int], mean: float) -> WorkCost:
-    ranks = stage.parallel.dp  # context parallelism splits sequences, it adds no ranks
+def packed_ranks(stage: StagePlan, lengths: list[int], mean: float) -> list[list[tuple]]:
+    """Each data-parallel rank's micro-batches for these sequences (context parallelism splits
+    sequences; it adds no ranks)."""
+    ranks = stage.parallel.dp
     if stage.micro_batching.padding == "longest":
         per_rank = [lengths[r::ranks] for r in range(ranks)]  # an even split by count, no balancing
     else:
         per_rank = balance(lengths, ranks)
+    return [micro_batches(share, stage, mean) if share else [] for share in per_rank]
+
+
+def work_cost(stage: StagePlan, cost: LearnerCost, kind: str, ranks: list[list[tuple]]) -> WorkCost:
     run = cost.train if kind == "train" else cost.forward
     times, useful_times = [], []
-    for share in per_rank:
-        batches = micro_batches(share, stage, mean) if share else []
+    for batches in ranks:
         times.append(sum(run(padded, padded_sq) for padded, _, padded_sq, _ in batches))
         useful_times.append(sum(run(useful, useful_sq) for _, useful, _, useful_sq in batches))
     longest = max(times, default=0.0)

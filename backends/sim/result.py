@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backends.sim.driver import Simulation
-from backends.sim.ledger import CATEGORIES, gaps, merge, split_by, step_function_positive
+from aspc.backends.sim.driver import Simulation
+from aspc.backends.sim.ledger import CATEGORIES, gaps, merge, split_by, step_function_positive
 
 
 @dataclass
