@@ -101,6 +101,80 @@ def inspect(file, output_dir, overrides, schedule, pipeline) -> None:
         click.echo(note, err=True)
 
 
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--compare", is_flag=True, help="Simulate sync-naive, sync and asp and print one table.")
+@click.option("--steps", type=click.IntRange(1, 10_000), default=20, show_default=True,
+              help="Training steps to simulate.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
+              help="Write a Chrome trace-event file (open it in Perfetto).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+              help="Write a PNG: timeline and bubble breakdown.")
+@_pass_options
+def simulate(file, compare, steps, trace_path, plot_path, overrides, schedule, pipeline) -> None:
+    """Predict throughput and the bubble breakdown of FILE on its cluster."""
+    from aspc.backends.sim.report import compare_table, summary
+    from aspc.backends.sim.result import simulate as run_simulation
+    from aspc.controller.config import UnsupportedPlan
+
+    schedules = ["sync-naive", "sync", "asp"] if compare else [schedule]
+    plans = []
+    for kind in schedules:
+        compiled = _compile(file, overrides, kind, pipeline, None, False)
+        plans.append(_plan(compiled, pipeline))
+    results = []
+    with _progress(len(plans) * steps) as bar:
+        for plan in plans:
+            bar.set_description(plan.schedule)
+            try:
+                results.append(run_simulation(plan, steps, _advance(bar)))
+            except UnsupportedPlan as error:
+                raise click.ClickException(f"{file}: cannot simulate: {error}") from None
+    click.echo(compare_table(results) if compare else summary(results[0]), nl=False)
+    _write_pictures(results, trace_path, plot_path)
+
+
+def _plan(compiled: Compiled, pipeline):
+    try:
+        return compiled.plan()
+    except AsplError as error:
+        click.echo(render_all(error.diagnostics, {"<-p>": pipeline or ""}), err=True)
+        sys.exit(1)
+
+
+def _progress(total: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="step", disable=None, leave=False, file=sys.stderr)
+
+
+def _advance(bar):
+    done = {"version": 0}
+
+    def on_version(version: int) -> None:
+        if version > done["version"]:
+            bar.update(version - done["version"])
+            done["version"] = version
+
+    return on_version
+
+
+def _write_pictures(results, trace_path, plot_path) -> None:
+    from aspc.backends.sim.plot import write_plot
+    from aspc.backends.sim.trace import write_trace
+
+    try:
+        if trace_path:
+            write_trace(Path(trace_path), {r.schedule: r.spans for r in results})
+            click.echo(f"wrote {trace_path}")
+        if plot_path:
+            timeline = next((r for r in results if r.schedule == "asp"), results[-1])
+            write_plot(Path(plot_path), results, timeline)
+            click.echo(f"wrote {plot_path}")
+    except OSError as error:
+        raise click.ClickException(f"cannot write {error.filename}: {error.strerror}") from None
+
+
 def _compile(file, overrides, schedule, pipeline, emit_after, verify) -> Compiled:
     try:
         compiled = compile_with_passes(file, list(overrides), schedule, pipeline, emit_after, verify)

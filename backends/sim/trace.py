@@ -1,0 +1,39 @@
+"""Chrome trace-event export (opens in Perfetto): a track per instance or learner, spans for work
+and for each bubble kind. Contiguous spans of one kind on one track are merged."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from aspc.backends.sim.ledger import Span
+
+
+def coalesce(spans: list[Span]) -> list[Span]:
+    by_track: dict[str, list[Span]] = {}
+    for span in sorted(spans, key=lambda s: (s.track, s.start)):
+        track = by_track.setdefault(span.track, [])
+        last = track[-1] if track else None
+        if last and last.category == span.category and last.label == span.label and span.start - last.end < 1e-9:
+            track[-1] = Span(last.track, last.start, max(last.end, span.end), last.category, last.label)
+        else:
+            track.append(span)
+    return [s for track in by_track.values() for s in track]
+
+
+def trace_events(spans: list[Span], process: str) -> list[dict]:
+    tracks = sorted({s.track for s in spans})
+    tid = {t: i for i, t in enumerate(tracks)}
+    events = [{"ph": "M", "name": "process_name", "pid": process, "tid": 0, "args": {"name": process}}]
+    events += [{"ph": "M", "name": "thread_name", "pid": process, "tid": tid[t], "args": {"name": t}}
+               for t in tracks]
+    for s in coalesce(spans):
+        events.append({"ph": "X", "name": s.label, "cat": s.category, "pid": process, "tid": tid[s.track],
+                       "ts": round(s.start * 1e6, 3), "dur": round((s.end - s.start) * 1e6, 3),
+                       "args": {"bubble": s.category}})
+    return events
+
+
+def write_trace(path: Path, runs: dict[str, list[Span]]) -> None:
+    """One process per run (schedule), a thread per track."""
+    events = [e for name, spans in runs.items() for e in trace_events(spans, name)]
+    path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}), encoding="utf-8")

@@ -1,0 +1,78 @@
+"""Simulator behaviour: accounting, the schedules' ordering, scaling, and the long tail."""
+import json
+
+import pytest
+
+from aspc.backends.sim.ledger import CATEGORIES
+from aspc.backends.sim.result import simulate
+from aspc.toolchain import compile_with_passes
+from conftest import ROOT
+
+
+def run(name, schedule, steps=4, overrides=()):
+    plan = compile_with_passes(ROOT / "pipelines" / f"{name}.aspl", list(overrides), schedule).plan()
+    return simulate(plan, steps)
+
+
+@pytest.mark.parametrize("name", ["tiny_grpo", "tiny_ppo", "grpo_7b", "dapo_32b", "grpo_30b_moe"])
+@pytest.mark.parametrize("schedule", ["sync-naive", "sync", "asp"])
+def test_bubbles_sum_to_device_time(name, schedule):
+    r = run(name, schedule, steps=2)
+    total = r.devices * r.wall_s
+    assert set(r.bubbles) == set(CATEGORIES)
+    assert sum(r.bubbles.values()) == pytest.approx(total, rel=1e-9)
+    assert sum(v for k, v in r.bubbles.items() if k != "idle") <= total * (1 + 1e-9)
+    assert all(v >= 0 for v in r.bubbles.values())
+    assert 0 < r.efficiency <= 1
+
+
+def test_asp_with_staleness_zero_trains_the_sync_samples_on_policy():
+    asp = run("grpo_7b", "asp", overrides=["schedule.staleness=0"])
+    sync = run("grpo_7b", "sync")
+    assert asp.staleness == sync.staleness == {0: 4 * 256}
+    assert (asp.mean_prompt, asp.mean_response) == (sync.mean_prompt, sync.mean_response)
+
+
+def test_on_a_long_tail_asp_beats_sync_beats_sync_naive():
+    naive, sync, asp = (run("grpo_7b", s) for s in ("sync-naive", "sync", "asp"))
+    assert asp.e2e_tps > sync.e2e_tps > naive.e2e_tps
+    assert naive.bubbles["padding"] > sync.bubbles["padding"]
+
+
+@pytest.mark.parametrize("schedule", ["sync-naive", "sync", "asp"])
+def test_more_devices_never_make_a_step_slower(schedule):
+    """Both pools grow: more generation instances, more data-parallel training ranks."""
+    times = []
+    for k in (1, 2, 4):
+        r = run("grpo_7b", schedule, overrides=[f"rollout.count={4 * k}", f"gen.instances={k}",
+                                                 f"learner.count={4 * k}", f"update.dp={k}", f"ref_lp.dp={k}"])
+        times.append(r.step_time)
+    assert times[0] >= times[1] >= times[2]
+
+
+def test_a_longer_tail_increases_asps_advantage():
+    def speedup(sigma):
+        tail = [f"prompts.response_lengths=lognormal(mean = 600, sigma = {sigma}, group_corr = 0.6)"]
+        return run("grpo_7b", "asp", overrides=tail).e2e_tps / run("grpo_7b", "sync", overrides=tail).e2e_tps
+
+    assert speedup(1.2) > speedup(0.3)
+
+
+def test_simulate_command_compare_trace_and_plot(aspc, tmp_path):
+    trace, plot = tmp_path / "t.json", tmp_path / "p.png"
+    result = aspc("simulate", "pipelines/grpo_7b.aspl", "--compare", "--steps", "3",
+                  "--trace", str(trace), "--plot", str(plot))
+    assert result.exit_code == 0, result.output
+    for schedule in ("| sync-naive |", "| sync |", "| asp |"):
+        assert schedule in result.stdout
+    events = json.loads(trace.read_text())["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert spans and {e["pid"] for e in spans} == {"sync-naive", "sync", "asp"}
+    assert all(e["dur"] >= 0 and e["cat"] in CATEGORIES for e in spans)
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_simulate_single_schedule_summary(aspc):
+    result = aspc("simulate", "pipelines/tiny_ppo.aspl", "--steps", "2", "--schedule", "sync")
+    assert result.exit_code == 0, result.output
+    assert "schedule sync" in result.stdout and "e2e_tps" in result.stdout and "bubbles" in result.stdout
