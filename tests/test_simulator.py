@@ -76,3 +76,14 @@ def test_simulate_single_schedule_summary(aspc):
     result = aspc("simulate", "pipelines/tiny_ppo.aspl", "--steps", "2", "--schedule", "sync")
     assert result.exit_code == 0, result.output
     assert "schedule sync" in result.stdout and "e2e_tps" in result.stdout and "bubbles" in result.stdout
+
+
+def test_decode_step_matches_the_published_single_stream_speed():
+    """shared/FACTS.md: Qwen2.5-7B on a 910B2 decodes one stream at about 12 ms per token."""
+    from aspc.backends.sim.costmodel import GenerationCost
+    from aspc.facts import hardware_table, model_presets
+    from aspc.ir import Parallel
+
+    cost = GenerationCost(model_presets()["qwen2.5-7b"], hardware_table()["910b2"], Parallel(), 2, True)
+    step = cost.alpha * 2000 + cost.beta(1)
+    assert 0.010 < step < 0.015
