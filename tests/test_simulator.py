@@ -67,7 +67,9 @@ def test_simulate_command_compare_trace_and_plot(aspc, tmp_path):
         assert schedule in result.stdout
     events = json.loads(trace.read_text())["traceEvents"]
     spans = [e for e in events if e["ph"] == "X"]
-    assert spans and {e["pid"] for e in spans} == {"sync-naive", "sync", "asp"}
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert spans and {names[e["pid"]] for e in spans} == {"sync-naive", "sync", "asp"}
+    assert all(isinstance(e["pid"], int) and isinstance(e["tid"], int) for e in events)
     assert all(e["dur"] >= 0 and e["cat"] in CATEGORIES for e in spans)
     assert plot.read_bytes()[:4] == b"\x89PNG"
 

@@ -20,14 +20,14 @@ def coalesce(spans: list[Span]) -> list[Span]:
     return [s for track in by_track.values() for s in track]
 
 
-def trace_events(spans: list[Span], process: str) -> list[dict]:
+def trace_events(spans: list[Span], process: str, pid: int) -> list[dict]:
     tracks = sorted({s.track for s in spans})
     tid = {t: i for i, t in enumerate(tracks)}
-    events = [{"ph": "M", "name": "process_name", "pid": process, "tid": 0, "args": {"name": process}}]
-    events += [{"ph": "M", "name": "thread_name", "pid": process, "tid": tid[t], "args": {"name": t}}
+    events = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": process}}]
+    events += [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid[t], "args": {"name": t}}
                for t in tracks]
     for s in coalesce(spans):
-        events.append({"ph": "X", "name": s.label, "cat": s.category, "pid": process, "tid": tid[s.track],
+        events.append({"ph": "X", "name": s.label, "cat": s.category, "pid": pid, "tid": tid[s.track],
                        "ts": round(s.start * 1e6, 3), "dur": round((s.end - s.start) * 1e6, 3),
                        "args": {"bubble": s.category}})
     return events
@@ -35,5 +35,6 @@ def trace_events(spans: list[Span], process: str) -> list[dict]:
 
 def write_trace(path: Path, runs: dict[str, list[Span]]) -> None:
     """One process per run (schedule), a thread per track."""
-    events = [e for name, spans in runs.items() for e in trace_events(spans, name)]
+    events = [e for pid, (name, spans) in enumerate(runs.items(), start=1)
+              for e in trace_events(spans, name, pid)]
     path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}), encoding="utf-8")
