@@ -113,6 +113,7 @@ def inspect(file, output_dir, overrides, schedule, pipeline) -> None:
 @_pass_options
 def simulate(file, compare, steps, trace_path, plot_path, overrides, schedule, pipeline) -> None:
     """Predict throughput and the bubble breakdown of FILE on its cluster."""
+    from aspc.backends.sim.driver import SimulationStalled
     from aspc.backends.sim.report import compare_table, summary
     from aspc.backends.sim.result import simulate as run_simulation
     from aspc.controller.config import UnsupportedPlan
@@ -130,6 +131,8 @@ def simulate(file, compare, steps, trace_path, plot_path, overrides, schedule, p
                 results.append(run_simulation(plan, steps, _advance(bar)))
             except UnsupportedPlan as error:
                 raise click.ClickException(f"{file}: cannot simulate: {error}") from None
+            except SimulationStalled as error:
+                raise click.ClickException(f"{file}: {error}; please report it with this file") from None
     click.echo(compare_table(results) if compare else summary(results[0]), nl=False)
     _write_pictures(results, trace_path, plot_path)
 

@@ -25,6 +25,10 @@ from aspc.backends.sim.ledger import Ledger, Span
 LEARNER_KINDS = ("reference", "critic", "train")
 
 
+class SimulationStalled(Exception):
+    """The event queue ran dry before the last step: a scheduling deadlock (a bug to report)."""
+
+
 @dataclass
 class LearnerExec:
     """One pool's learner devices: reference, critic and train work run one at a time."""
@@ -117,7 +121,8 @@ class Simulation:
             getattr(self, "_at_" + kind)(*payload)
             self.drain()
         if not self.done:
-            raise RuntimeError("the simulation stalled before finishing its steps (a scheduling deadlock)")
+            raise SimulationStalled(f"the simulation stalled at {self.now:.1f} s after "
+                                    f"{self.controller.version} of {self.steps} steps")
 
     def at(self, time: float, kind: str, *payload) -> None:
         heapq.heappush(self.heap, (time, next(self.seq), kind, payload))
