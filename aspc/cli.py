@@ -137,6 +137,35 @@ def simulate(file, compare, steps, trace_path, plot_path, overrides, schedule, p
     _write_pictures(results, trace_path, plot_path)
 
 
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--backend", type=click.Choice(["cpu", "ascend"]), default="cpu", show_default=True)
+@click.option("--runtime", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--steps", type=click.IntRange(1, 1_000_000), default=100, show_default=True,
+              help="RL training steps (optimizer updates).")
+@click.option("--warmstart", "warmstart_steps", type=click.IntRange(0, 1_000_000), default=200,
+              show_default=True, help="Supervised warm-start steps on the task before RL (0: none).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Model initialisation and sampling seed.")
+@click.option("--metrics", "metrics_path", type=click.Path(dir_okay=False),
+              help="Per-step metrics as JSON lines [default: runs/PIPELINE-SCHEDULE/metrics.jsonl].")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
+              help="Write a Chrome trace-event file of the real run (open it in Perfetto).")
+@_pass_options
+def run(file, backend, runtime, steps, warmstart_steps, seed, metrics_path, trace_path, overrides, schedule,
+        pipeline) -> None:
+    """Train FILE for real: the CPU backend on this machine's threads."""
+    from aspc.runtime.cli_run import run_training
+
+    if backend == "ascend":
+        raise click.ClickException("the Ascend backend is not available in this build yet; run "
+                                   "`aspc simulate FILE` to predict an NPU cluster, or --backend cpu "
+                                   "for a tiny pipeline")
+    if runtime == "ray":
+        raise click.ClickException("the Ray runtime is not available in this build yet; use --runtime local")
+    compiled = _compile(file, overrides, schedule, pipeline, None, False)
+    run_training(file, _plan(compiled, pipeline), steps, warmstart_steps, seed, metrics_path, trace_path)
+
+
 def _plan(compiled: Compiled, pipeline):
     try:
         return compiled.plan()

@@ -11,16 +11,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from aspc.trace import Span
+
 CATEGORIES = ("useful", "padding", "skewness", "sorting", "sync", "idle")
-
-
-@dataclass
-class Span:
-    track: str
-    start: float
-    end: float
-    category: str
-    label: str
 
 
 @dataclass

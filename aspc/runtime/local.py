@@ -1,0 +1,207 @@
+"""The local runtime: the controller on the main thread, generation instances and the learner on
+threads, the CPU backend's real model underneath. `aspc run --runtime local` (the default)."""
+from __future__ import annotations
+
+import copy
+import json
+import queue
+import threading
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aspc.backends.cpu.data import PromptSource
+from aspc.backends.cpu.generator import BatchGenerator
+from aspc.backends.cpu.learner import Learner, Rollout, TrainSettings
+from aspc.backends.cpu.model import TinyQwen
+from aspc.backends.cpu.rewards import build_reward
+from aspc.backends.cpu.warmstart import warm_start
+from aspc.controller import Controller, ControllerConfig
+from aspc.controller.events import (Dispatch, Finished, InstanceIdle, OptimizerStep, RunWork, SampleFinished,
+                                    Start, SyncWeights)
+from aspc.plan import ExecutionPlan
+from aspc.runtime.workers import GenerationWorker, LearnerWorker, WorkerFailed, wall_clock
+
+MAX_SLOTS = 64
+
+
+@dataclass
+class RunOptions:
+    steps: int
+    warmstart_steps: int = 200
+    metrics_path: Path | None = None
+    seed: int = 0
+    on_step: object = None  # callback(step, metrics)
+    on_warmstart: object = None  # callback(step, loss)
+
+
+@dataclass
+class RunResult:
+    metrics: list[dict] = field(default_factory=list)
+    spans: list = field(default_factory=list)
+    wall_s: float = 0.0
+    samples_per_step: dict = field(default_factory=dict)  # step -> sorted sample ids trained
+
+
+class LocalRuntime:
+    def __init__(self, plan: ExecutionPlan, base_dir: Path | None, options: RunOptions):
+        self.plan, self.options = plan, options
+        self.config = ControllerConfig.from_plan(plan, options.steps)
+        self.gen_stage, self.train_stage = plan.stages_of("generate")[0], plan.stages_of("train")[0]
+        self.data = plan.dataset(self.gen_stage.data)
+        self.prompts = PromptSource(self.data.source, self.data.location, self.data.seed,
+                                    self.data.max_response, base_dir)
+        self.events: queue.Queue = queue.Queue()
+        self.results: dict = {}
+        self.lock = threading.Lock()
+        self.weights: dict[int, dict] = {}
+        self.step_metrics: dict[int, dict] = {}
+        self.clock = wall_clock()
+
+    # ---- building ----
+    def accuracy(self, count: int = 128) -> float:
+        """Greedy reward of the current policy on held-out prompts."""
+        from aspc.backends.cpu.evaluate import greedy_accuracy
+
+        return greedy_accuracy(self.actor, self.prompts, self.reward_fn, count,
+                               dict(self.gen_stage.options)["max_tokens"])
+
+    def _prompt(self, step: int, prompt: int):
+        return self.prompts(step * self.data.prompts_per_step + prompt)
+
+    def build(self) -> None:
+        actor_plan = self.plan.model(self.train_stage.model)
+        self.actor = TinyQwen(actor_plan.arch, seed=self.options.seed)
+        if self.options.warmstart_steps:
+            warm_start(self.actor, self.prompts, self.options.warmstart_steps, on_step=self.options.on_warmstart)
+        self.weights[0] = copy.deepcopy(self.actor.state_dict())
+        self.reward_fn = self._reward()
+        learner = Learner(self.actor, self._reference(), self._critic(), self._settings(), self.reward_fn)
+        self.learner_worker = LearnerWorker(learner, self._rollouts, self.weights, self.step_metrics,
+                                            self.events, self.clock)
+        slots = max(self.data.group, min(MAX_SLOTS, -(-self.data.samples_per_step // self.config.instances)))
+        options = dict(self.gen_stage.options)
+        self.gen_workers = []
+        for i in range(self.config.instances):
+            model = copy.deepcopy(self.actor).eval()
+            generator = BatchGenerator(model, slots, options["max_tokens"], options["temperature"],
+                                       options["top_p"], static=self.gen_stage.batching != "continuous")
+            self.gen_workers.append(GenerationWorker(i, generator, self.weights, self.results, self.lock,
+                                                     self.events, self.clock))
+        self.slots = slots
+        self.controller = Controller(self.config, lambda step, p: len(self._prompt(step, p).ids))
+
+    def _reference(self):
+        stages = self.plan.stages_of("reference")
+        if not stages:
+            return None
+        model = self.plan.model(stages[0].model)
+        if model.frozen_of == self.train_stage.model:
+            return copy.deepcopy(self.actor).eval()
+        return TinyQwen(model.arch, seed=self.options.seed + 1).eval()
+
+    def _critic(self):
+        stages = self.plan.stages_of("critic")
+        if not stages:
+            return None
+        return TinyQwen(self.plan.model(stages[0].model).arch, seed=self.options.seed + 2, value_head=True)
+
+    def _reward(self):
+        stages = self.plan.stages_of("reward")
+        return build_reward(dict(stages[0].options)["sources"])
+
+    def _settings(self) -> TrainSettings:
+        t = dict(self.train_stage.options)
+        adv = dict(self.plan.stages_of("advantage")[0].options)
+        critic = self.plan.stages_of("critic")
+        return TrainSettings(
+            loss=t["loss"], lr=t["lr"], kl=t["kl"], clip=t["clip"], clip_high=t["clip_high"],
+            value_coef=t["value_coef"], entropy_coef=t["entropy_coef"], micro_tokens=t["micro_tokens"],
+            weight_decay=t["weight_decay"], grad_clip=t["grad_clip"], overlong=t["overlong"],
+            max_tokens=dict(self.gen_stage.options)["max_tokens"], estimator=adv["estimator"],
+            gamma=adv["gamma"], lam=adv["lam"], normalize=adv["normalize"], group=self.data.group,
+            critic_lr=dict(critic[0].options)["lr"] if critic else 1e-5)
+
+    def _rollouts(self, samples) -> list[Rollout]:
+        out = []
+        for sample in samples:
+            with self.lock:
+                finished = self.results[sample]
+                rollout = self.rollouts.get(sample)
+                if rollout is None:
+                    prompt = self._prompt(*sample[:2])
+                    rollout = Rollout(finished.prompt, finished.response, finished.logprobs, prompt.text,
+                                      prompt.answer, prompt.metadata)
+                    self.rollouts[sample] = rollout
+            out.append(rollout)
+        return out
+
+    # ---- running ----
+    def run(self) -> RunResult:
+        self.rollouts: dict = {}
+        self.trained: dict[int, list] = {}
+        result = RunResult()
+        for worker in [self.learner_worker, *self.gen_workers]:
+            worker.start()
+        try:
+            self._handle(Start())
+            for worker in self.gen_workers:
+                self._handle(InstanceIdle(worker.index, self.slots))
+            self._loop(result)
+        finally:
+            self._stop()
+        result.wall_s = self.clock()
+        result.spans = [s for w in [self.learner_worker, *self.gen_workers] for s in w.spans]
+        return result
+
+    def _loop(self, result: RunResult) -> None:
+        last_published = 0
+        while not self.controller.finished:
+            event = self.events.get()
+            if isinstance(event, tuple) and event[0] == "error":
+                _, name, error, _trace = event
+                raise WorkerFailed(f"{name}: {type(error).__name__}: {error}")
+            self._handle(event)
+            if self.controller.version > last_published:
+                last_published = self.controller.version
+                self._record(result, last_published - 1)
+
+    def _record(self, result: RunResult, step: int) -> None:
+        metrics = {"step": step + 1, **self.step_metrics.get(step, {}), "wall_s": round(self.clock(), 3)}
+        stale = [s for (u, _, _), s in self._staleness_of(step)]
+        metrics["staleness_mean"] = sum(stale) / len(stale) if stale else 0.0
+        result.metrics.append(metrics)
+        if self.options.metrics_path is not None:
+            with open(self.options.metrics_path, "a", encoding="utf-8") as out:
+                out.write(json.dumps(metrics) + "\n")
+        if self.options.on_step is not None:
+            self.options.on_step(step + 1, metrics)
+
+    def _staleness_of(self, step: int):
+        starts = self.controller.gen.start_version
+        return [(s, step - starts[s]) for s in self.controller.used if s[0] == step and s in starts]
+
+    def _handle(self, event) -> None:
+        for action in self.controller.handle(event):
+            self._act(action)
+
+    def _act(self, action) -> None:
+        if isinstance(action, Dispatch):
+            payload = [(r.sample, self._prompt(*r.sample[:2]).ids, self._seed(r.sample)) for r in action.requests]
+            self.gen_workers[action.instance].inbox.put(("requests", payload))
+        elif isinstance(action, RunWork):
+            self.learner_worker.inbox.put(("work", action.work))
+        elif isinstance(action, OptimizerStep):
+            self.learner_worker.inbox.put(("optimizer", action.step))
+        elif isinstance(action, SyncWeights):
+            self.gen_workers[action.instance].inbox.put(("sync", action.version))
+
+    def _seed(self, sample) -> int:
+        return zlib.crc32(repr((self.data.seed, self.options.seed, sample)).encode())
+
+    def _stop(self) -> None:
+        for worker in self.gen_workers:
+            worker.inbox.put(("stop", None))
+        self.learner_worker.inbox.put(("stop", None))
+        for worker in [self.learner_worker, *self.gen_workers]:
+            worker.join(timeout=10)

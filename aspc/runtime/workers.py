@@ -1,0 +1,101 @@
+"""The threads of the local runtime: one per generation instance, one for the learner. Each reads
+its inbox, does the work on the CPU backend and posts events for the controller."""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import traceback
+
+from aspc.controller.events import SampleFinished, WeightsLoaded, WeightsPublished, WorkFinished
+from aspc.trace import Span
+
+
+class WorkerFailed(Exception):
+    """A worker thread raised; the message names the worker and the error."""
+
+
+class Worker(threading.Thread):
+    def __init__(self, name: str, events: queue.Queue, clock):
+        super().__init__(name=name, daemon=True)
+        self.inbox: queue.Queue = queue.Queue()
+        self.events, self.clock = events, clock
+        self.spans: list[Span] = []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self.loop()
+        except Exception as error:  # reported to the main loop, which ends the run cleanly
+            self.events.put(("error", self.name, error, traceback.format_exc()))
+
+    def span(self, start: float, category: str, label: str) -> None:
+        self.spans.append(Span(self.name, start, self.clock(), category, label))
+
+
+class GenerationWorker(Worker):
+    def __init__(self, index: int, generator, weights: dict, results: dict, lock, events, clock):
+        super().__init__(f"gen[{index}]", events, clock)
+        self.index, self.generator, self.weights, self.results, self.lock = index, generator, weights, results, lock
+
+    def loop(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                message = self.inbox.get(timeout=None if self.generator.busy else 0.05) \
+                    if not self.generator.busy else self.inbox.get_nowait()
+            except queue.Empty:
+                message = None
+            if message is not None:
+                self.handle(message)
+                continue
+            if self.generator.busy:
+                start = self.clock()
+                finished = self.generator.step()
+                self.span(start, "useful", "decode")
+                for f in finished:
+                    with self.lock:
+                        self.results[f.key] = f
+                    self.events.put(SampleFinished(f.key, self.index, len(f.response)))
+
+    def handle(self, message) -> None:
+        kind, payload = message
+        if kind == "requests":
+            for key, ids, seed in payload:
+                self.generator.add(key, ids, seed)
+        elif kind == "sync":
+            start = self.clock()
+            self.generator.load_weights(self.weights[payload])
+            self.span(start, "sync", f"load v{payload}")
+            self.events.put(WeightsLoaded(self.index, payload))
+        elif kind == "stop":
+            self.stopping.set()
+
+
+class LearnerWorker(Worker):
+    def __init__(self, learner, rollouts, weights: dict, metrics: dict, events, clock):
+        super().__init__("learner", events, clock)
+        self.learner, self.rollouts, self.weights, self.metrics = learner, rollouts, weights, metrics
+
+    def loop(self) -> None:
+        while True:
+            kind, payload = self.inbox.get()
+            if kind == "stop":
+                return
+            start = self.clock()
+            if kind == "work":
+                getattr(self.learner, _METHODS[payload.kind])(self.rollouts(sorted(payload.samples)))
+                self.span(start, "useful", f"{payload.kind} step {payload.step}")
+                self.events.put(WorkFinished(payload.id))
+            else:  # optimizer step: publish version step + 1
+                self.metrics[payload] = self.learner.optimizer_step()
+                self.weights[payload + 1] = self.learner.snapshot()
+                self.span(start, "useful", f"optimizer step {payload}")
+                self.events.put(WeightsPublished(payload + 1))
+
+
+_METHODS = {"reward": "reward", "reference": "reference", "critic": "values", "train": "train"}
+
+
+def wall_clock():
+    origin = time.perf_counter()
+    return lambda: time.perf_counter() - origin

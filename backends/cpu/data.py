@@ -1,0 +1,79 @@
+"""Prompts for training steps: a built-in synthetic task, or a JSONL file.
+
+JSONL schema, one object per line: {"prompt": str (required), "answer": str (optional),
+"metadata": object (optional)}. A bad row is an error naming the file and line.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aspc.backends.cpu.tasks import example
+from aspc.backends.cpu.tokenizer import BOS, encode
+
+
+class DataError(Exception):
+    """A data file a user gave cannot be used (message: file, line, what to do)."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    ids: list[int]
+    answer: str | None
+    metadata: dict = field(default_factory=dict)
+
+
+class PromptSource:
+    """Prompt i of the run: a seeded task example, or row i of the file (reshuffled each epoch)."""
+
+    def __init__(self, source: str, location: str, seed: int, max_response: int, base_dir: Path | None):
+        self.source, self.location, self.seed, self.max_response = source, location, seed, max_response
+        self.rows = _read_jsonl(base_dir / location if base_dir else Path(location)) if source == "jsonl" else None
+
+    def __call__(self, index: int) -> Prompt:
+        if self.rows is None:
+            ex = example(self.location, self.seed, index, self.max_response)
+            return Prompt(ex.prompt, [BOS] + encode(ex.prompt), ex.answer)
+        epoch, offset = divmod(index, len(self.rows))
+        order = list(range(len(self.rows)))
+        random.Random(f"{self.seed}/{epoch}").shuffle(order)
+        line, row = self.rows[order[offset]]
+        return Prompt(row["prompt"], [BOS] + _encode(row["prompt"], self.location, line), row.get("answer"),
+                      row.get("metadata") or {})
+
+
+def _encode(text: str, file: str, line: int) -> list[int]:
+    try:
+        return encode(text)
+    except ValueError as error:
+        raise DataError(f"{file}:{line}: {error}; the CPU backend's tokenizer covers the built-in tasks only") from None
+
+
+def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise DataError(f"{path}: cannot read the data file: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: not UTF-8 text") from None
+    rows = []
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise DataError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise DataError(f'{path}:{number}: each line needs a string "prompt" field')
+        if "answer" in row and not isinstance(row["answer"], str):
+            raise DataError(f'{path}:{number}: "answer" must be a string')
+        if "metadata" in row and not isinstance(row["metadata"], dict):
+            raise DataError(f'{path}:{number}: "metadata" must be an object')
+        rows.append((number, row))
+    if not rows:
+        raise DataError(f"{path}: the file has no rows")
+    return rows

@@ -1,0 +1,114 @@
+"""Generation with a KV cache: continuous batching (a finished sequence leaves its slot and a
+waiting one takes it at once) or static batches (the sync-naive baseline: a batch admits nothing
+until its longest member ends). Sampling is seeded per sample, so a sample's tokens do not depend
+on which other sequences share its batch."""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from aspc.backends.cpu.model import KVCache, TinyQwen, cache_mask
+from aspc.backends.cpu.tokenizer import EOS
+
+
+@dataclass
+class Sequence:
+    key: tuple
+    prompt: list[int]
+    seed: int
+    response: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    slot: int = -1
+    generator: torch.Generator | None = None
+
+
+@dataclass(frozen=True)
+class Finished:
+    key: tuple
+    prompt: list[int]
+    response: list[int]
+    logprobs: list[float]  # behaviour-policy log-probabilities of the response tokens
+
+
+class BatchGenerator:
+    def __init__(self, model: TinyQwen, slots: int, max_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, static: bool = False):
+        self.model, self.slots, self.max_tokens = model, slots, max_tokens
+        self.temperature, self.top_p, self.static = temperature, top_p, static
+        self.cache = KVCache(model.arch, slots, model.arch.max_seq)
+        self.waiting: deque[Sequence] = deque()
+        self.active: dict[int, Sequence] = {}
+
+    def add(self, key: tuple, prompt: list[int], seed: int) -> None:
+        self.waiting.append(Sequence(key, prompt, seed))
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.active)
+
+    @torch.no_grad()
+    def step(self) -> list[Finished]:
+        """Admit what may join, then decode one token for every active sequence."""
+        self._admit()
+        if not self.active:
+            return []
+        seqs = list(self.active.values())
+        last = torch.tensor([[s.response[-1]] for s in seqs])
+        positions = torch.tensor([[len(s.prompt) + len(s.response) - 1] for s in seqs])
+        slots = torch.tensor([s.slot for s in seqs])
+        logits = self.model(last, positions, cache_mask(positions), self.cache, slots)[:, -1]
+        for seq, row in zip(seqs, logits):
+            self._sample(seq, row)
+        return self._collect()
+
+    def _admit(self) -> None:
+        if self.static and self.active:
+            return
+        free = [s for s in range(self.slots) if s not in self.active]
+        joining = []
+        while self.waiting and free:
+            seq = self.waiting.popleft()
+            seq.slot = free.pop(0)
+            seq.generator = torch.Generator().manual_seed(seq.seed)
+            self.active[seq.slot] = seq
+            joining.append(seq)
+        for seq in joining:  # prefill: the prompt's keys into the slot, the first token sampled
+            tokens = torch.tensor([seq.prompt])
+            positions = torch.arange(len(seq.prompt))[None]
+            logits = self.model(tokens, positions, cache_mask(positions), self.cache, torch.tensor([seq.slot]))
+            self._sample(seq, logits[0, -1])
+
+    def _sample(self, seq: Sequence, logits: torch.Tensor) -> None:
+        logp = torch.log_softmax(logits.float(), -1)
+        if self.temperature == 0:
+            token = int(logp.argmax())
+        else:
+            probs = torch.softmax(logits.float() / self.temperature, -1)
+            if self.top_p < 1:
+                probs = _top_p(probs, self.top_p)
+            token = int(torch.multinomial(probs, 1, generator=seq.generator))
+        seq.response.append(token)
+        seq.logprobs.append(float(logp[token]))
+
+    def _collect(self) -> list[Finished]:
+        done = []
+        limit = self.model.arch.max_seq
+        for slot, seq in list(self.active.items()):
+            full = len(seq.prompt) + len(seq.response) >= limit
+            if seq.response[-1] == EOS or len(seq.response) >= self.max_tokens or full:
+                del self.active[slot]
+                done.append(Finished(seq.key, seq.prompt, seq.response, seq.logprobs))
+        return done
+
+    def load_weights(self, state: dict) -> None:
+        """New policy weights; in-flight sequences continue under them (partial rollout)."""
+        self.model.load_state_dict(state)
+
+
+def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    ordered, index = probs.sort(descending=True)
+    keep = ordered.cumsum(-1) - ordered < top_p
+    filtered = torch.zeros_like(probs).scatter(0, index, ordered * keep)
+    return filtered / filtered.sum()

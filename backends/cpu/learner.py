@@ -1,0 +1,178 @@
+"""The CPU learner: rewards, reference log-probs, critic values and the policy update, per
+streamed unit of samples; the optimizer step once per training step."""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+
+from aspc.backends.cpu.batching import make_batch, token_logprobs, token_values
+from aspc.backends.cpu.losses import gae, group_advantages, overlong_penalty, policy_loss
+from aspc.passes.packing import first_fit_decreasing
+
+
+@dataclass
+class Rollout:
+    """One sample as it moves through the learner."""
+
+    prompt: list[int]
+    response: list[int]
+    behaviour_logprobs: list[float]
+    prompt_text: str
+    answer: str | None
+    metadata: dict = field(default_factory=dict)
+    reward: float = 0.0
+    ref_logprobs: list[float] | None = None
+    values: list[float] | None = None
+
+
+@dataclass
+class TrainSettings:
+    loss: str
+    lr: float
+    kl: float
+    clip: float
+    clip_high: float
+    value_coef: float
+    entropy_coef: float
+    micro_tokens: int
+    weight_decay: float
+    grad_clip: float
+    overlong: int
+    max_tokens: int
+    estimator: str
+    gamma: float
+    lam: float
+    normalize: bool
+    group: int
+    critic_lr: float = 1e-5
+
+
+class Learner:
+    def __init__(self, actor, ref, critic, settings: TrainSettings, reward_fn):
+        self.actor, self.ref, self.critic, self.s, self.reward_fn = actor, ref, critic, settings, reward_fn
+        self.optimizer = torch.optim.AdamW(actor.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+        self.critic_optimizer = None if critic is None else torch.optim.AdamW(critic.parameters(),
+                                                                              lr=settings.critic_lr)
+        self.step_stats = _StepStats()
+
+    # ---- forward stages ----
+    def reward(self, rollouts: list[Rollout]) -> None:
+        for r in rollouts:
+            text = _decode(r.response)
+            r.reward = self.reward_fn(r.prompt_text, text, r.answer, r.metadata)
+            if self.s.loss == "dapo":
+                r.reward += overlong_penalty(len(r.response), self.s.max_tokens, self.s.overlong)
+
+    @torch.no_grad()
+    def reference(self, rollouts: list[Rollout]) -> None:
+        for chunk in self._micro_batches(rollouts):
+            batch = make_batch([(r.prompt, r.response) for r in chunk])
+            logp, _ = token_logprobs(self.ref, batch)
+            for r, row, n in zip(chunk, logp, batch.lengths):
+                r.ref_logprobs = row[:n].tolist()
+
+    @torch.no_grad()
+    def values(self, rollouts: list[Rollout]) -> None:
+        for chunk in self._micro_batches(rollouts):
+            batch = make_batch([(r.prompt, r.response) for r in chunk])
+            values = token_values(self.critic, batch)
+            for r, row, n in zip(chunk, values, batch.lengths):
+                r.values = row[:n].tolist()
+
+    # ---- training ----
+    def train(self, rollouts: list[Rollout]) -> None:
+        """Accumulate gradients for one unit (whole groups) of the current step."""
+        token_adv, returns = self._advantages(rollouts)
+        for chunk_idx in self._micro_batch_indices(rollouts):
+            chunk = [rollouts[i] for i in chunk_idx]
+            batch = make_batch([(r.prompt, r.response) for r in chunk])
+            mask = batch.response_mask()
+            logp, entropy = token_logprobs(self.actor, batch)
+            old = _pad([r.behaviour_logprobs for r in chunk], batch.width)
+            ref = _pad([r.ref_logprobs for r in chunk], batch.width) if chunk[0].ref_logprobs is not None else None
+            adv = _pad([token_adv[i] for i in chunk_idx], batch.width)
+            loss, info = policy_loss(logp, old, ref, adv, mask, self.s.loss, self.s.clip, self.s.clip_high, self.s.kl)
+            if self.s.entropy_coef:
+                loss = loss - self.s.entropy_coef * (entropy * mask).sum()
+            loss.backward()
+            if self.critic is not None:
+                self._value_loss(chunk, batch, mask, [returns[i] for i in chunk_idx])
+            self.step_stats.add(chunk, float(loss.detach()), float(mask.sum()), info["clip_fraction"])
+
+    def _advantages(self, rollouts: list[Rollout]):
+        if self.s.estimator == "gae":
+            pairs = [gae(r.reward, r.values, self.s.gamma, self.s.lam) for r in rollouts]
+            return [a for a, _ in pairs], [ret for _, ret in pairs]
+        scalar = group_advantages([r.reward for r in rollouts], self.s.group, self.s.estimator, self.s.normalize)
+        return [[a] * len(r.response) for a, r in zip(scalar, rollouts)], [None] * len(rollouts)
+
+    def _value_loss(self, chunk, batch, mask, returns) -> None:
+        values = token_values(self.critic, batch)
+        target = _pad(returns, batch.width)
+        loss = 0.5 * self.s.value_coef * (((values - target) ** 2) * mask).sum()
+        loss.backward()
+
+    def optimizer_step(self) -> dict:
+        """Divide the summed gradients by the step's sequences (grpo) or tokens (ppo, dapo), clip, step."""
+        stats = self.step_stats
+        scale = stats.sequences if self.s.loss == "grpo" else max(stats.tokens, 1)
+        norm = _step(self.actor, self.optimizer, scale, self.s.grad_clip)
+        if self.critic is not None:
+            _step(self.critic, self.critic_optimizer, max(stats.tokens, 1), self.s.grad_clip)
+        summary = stats.summary() | {"grad_norm": norm}
+        self.step_stats = _StepStats()
+        return summary
+
+    def snapshot(self) -> dict:
+        return copy.deepcopy(self.actor.state_dict())
+
+    def _micro_batch_indices(self, rollouts: list[Rollout]) -> list[list[int]]:
+        lengths = [len(r.prompt) + len(r.response) for r in rollouts]
+        budget = max(self.s.micro_tokens, max(lengths))
+        return first_fit_decreasing(lengths, budget)
+
+    def _micro_batches(self, rollouts: list[Rollout]) -> list[list[Rollout]]:
+        return [[rollouts[i] for i in idx] for idx in self._micro_batch_indices(rollouts)]
+
+
+class _StepStats:
+    def __init__(self):
+        self.sequences = self.tokens = 0
+        self.loss = self.clip = 0.0
+        self.rewards: list[float] = []
+        self.lengths: list[int] = []
+
+    def add(self, chunk, loss: float, tokens: float, clip_fraction: float) -> None:
+        self.sequences += len(chunk)
+        self.tokens += int(tokens)
+        self.loss += loss
+        self.clip += clip_fraction * len(chunk)
+        self.rewards += [r.reward for r in chunk]
+        self.lengths += [len(r.response) for r in chunk]
+
+    def summary(self) -> dict:
+        n = max(self.sequences, 1)
+        return {"reward": sum(self.rewards) / n, "response_len": sum(self.lengths) / n,
+                "loss": self.loss / n, "clip_fraction": self.clip / n, "samples": self.sequences}
+
+
+def _step(model, optimizer, scale: float, grad_clip: float) -> float:
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad /= scale
+    norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf")))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
+def _pad(rows, width: int) -> torch.Tensor:
+    return torch.tensor([list(r) + [0.0] * (width - len(r)) for r in rows], dtype=torch.float32)
+
+
+def _decode(ids) -> str:
+    from aspc.backends.cpu.tokenizer import decode
+
+    return decode(ids)

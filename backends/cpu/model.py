@@ -1,0 +1,139 @@
+"""A Qwen-style decoder at tiny sizes: RMSNorm, rotary embeddings, grouped-query attention,
+SwiGLU. Deterministic initialisation from a seed. One forward serves training (a causal mask over
+whole sequences) and generation (a KV cache with one slot per sequence)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aspc.facts import ModelArch
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class KVCache:
+    """Keys and values per layer in fixed slots: [slots, kv_heads, max_seq, head_dim]."""
+
+    def __init__(self, arch: ModelArch, slots: int, max_seq: int, dtype=torch.float32):
+        shape = (slots, arch.kv_heads, max_seq, arch.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(arch.layers)]
+        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(arch.layers)]
+
+
+class Attention(nn.Module):
+    def __init__(self, arch: ModelArch):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = arch.heads, arch.kv_heads, arch.head_dim
+        self.q = nn.Linear(arch.hidden, arch.heads * arch.head_dim, bias=arch.qkv_bias)
+        self.k = nn.Linear(arch.hidden, arch.kv_heads * arch.head_dim, bias=arch.qkv_bias)
+        self.v = nn.Linear(arch.hidden, arch.kv_heads * arch.head_dim, bias=arch.qkv_bias)
+        self.o = nn.Linear(arch.heads * arch.head_dim, arch.hidden, bias=False)
+
+    def forward(self, x, cos, sin, mask, cache=None, layer=0, slots=None, positions=None):
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if cache is not None:  # write this step's keys at their positions, then attend to the slot
+            rows = slots[:, None].expand(b, t)
+            cache.k[layer][rows, :, positions] = k.transpose(1, 2)
+            cache.v[layer][rows, :, positions] = v.transpose(1, 2)
+            length = int(positions.max()) + 1
+            k, v = cache.k[layer][slots, :, :length], cache.v[layer][slots, :, :length]
+        repeat = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, arch: ModelArch):
+        super().__init__()
+        self.gate = nn.Linear(arch.hidden, arch.ffn, bias=False)
+        self.up = nn.Linear(arch.hidden, arch.ffn, bias=False)
+        self.down = nn.Linear(arch.ffn, arch.hidden, bias=False)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, arch: ModelArch):
+        super().__init__()
+        self.attn_norm, self.attn = RMSNorm(arch.hidden), Attention(arch)
+        self.mlp_norm, self.mlp = RMSNorm(arch.hidden), MLP(arch)
+
+    def forward(self, x, cos, sin, mask, **cache_args):
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, **cache_args)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class TinyQwen(nn.Module):
+    """Logits (and, with a value head, per-token values) of token sequences."""
+
+    def __init__(self, arch: ModelArch, seed: int = 0, value_head: bool = False):
+        super().__init__()
+        if arch.experts:
+            raise ValueError("the CPU backend's decoder is dense; mixture-of-experts models are not supported yet")
+        self.arch = arch
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            self.embed = nn.Embedding(arch.vocab, arch.hidden)
+            self.blocks = nn.ModuleList(Block(arch) for _ in range(arch.layers))
+            self.norm = RMSNorm(arch.hidden)
+            self.head = None if arch.tied else nn.Linear(arch.hidden, arch.vocab, bias=False)
+            self.value = nn.Linear(arch.hidden, 1) if value_head else None
+            for p in self.parameters():
+                if p.dim() > 1:
+                    nn.init.normal_(p, std=0.02)
+        inv = 1.0 / (10000 ** (torch.arange(0, arch.head_dim, 2).float() / arch.head_dim))
+        angles = torch.outer(torch.arange(arch.max_seq).float(), inv)
+        self.register_buffer("cos", torch.cat((angles, angles), -1).cos(), persistent=False)
+        self.register_buffer("sin", torch.cat((angles, angles), -1).sin(), persistent=False)
+
+    def hidden_states(self, tokens, positions, mask, cache=None, slots=None):
+        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
+        x = self.embed(tokens)
+        for layer, block in enumerate(self.blocks):
+            args = {} if cache is None else dict(cache=cache, layer=layer, slots=slots, positions=positions)
+            x = block(x, cos, sin, mask, **args)
+        return self.norm(x)
+
+    def logits(self, hidden):
+        return hidden @ self.embed.weight.T if self.head is None else self.head(hidden)
+
+    def forward(self, tokens, positions, mask, cache=None, slots=None):
+        return self.logits(self.hidden_states(tokens, positions, mask, cache, slots))
+
+    def values(self, tokens, positions, mask):
+        return self.value(self.hidden_states(tokens, positions, mask)).squeeze(-1)
+
+
+def causal_mask(lengths: list[int], width: int) -> torch.Tensor:
+    """[B, 1, T, T] True where a query may attend: causal, and never to right padding."""
+    idx = torch.arange(width)
+    causal = idx[None, :] <= idx[:, None]
+    valid = idx[None, :] < torch.tensor(lengths)[:, None]
+    return (causal[None] & valid[:, None, :])[:, None] | torch.eye(width, dtype=torch.bool)[None, None]
+
+
+def cache_mask(positions: torch.Tensor) -> torch.Tensor:
+    """[B, 1, T, L] for cached attention: a query at position p sees keys 0..p of its slot."""
+    length = int(positions.max()) + 1
+    return (torch.arange(length)[None, None, :] <= positions[:, :, None])[:, None]

@@ -1,0 +1,30 @@
+"""A character tokenizer for the built-in tasks: digits, a few operators, and three specials."""
+from __future__ import annotations
+
+PAD, BOS, EOS = 0, 1, 2
+SYMBOLS = "0123456789+-*=#c:"
+VOCAB_SIZE = 3 + len(SYMBOLS)  # 20; models may declare a larger vocab (unused rows)
+_ID = {ch: i + 3 for i, ch in enumerate(SYMBOLS)}
+
+
+class TokenizeError(ValueError):
+    """Text holds a character the task vocabulary does not have."""
+
+
+def encode(text: str) -> list[int]:
+    try:
+        return [_ID[ch] for ch in text]
+    except KeyError as error:
+        raise TokenizeError(f"character {error.args[0]!r} is not in the task vocabulary "
+                            f"({SYMBOLS!r})") from None
+
+
+def decode(ids) -> str:
+    out = []
+    for i in ids:
+        i = int(i)
+        if i == EOS:
+            break
+        if i >= 3 and i - 3 < len(SYMBOLS):
+            out.append(SYMBOLS[i - 3])
+    return "".join(out)
