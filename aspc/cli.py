@@ -150,9 +150,14 @@ def simulate(file, compare, steps, trace_path, plot_path, overrides, schedule, p
               help="Per-step metrics as JSON lines [default: runs/PIPELINE-SCHEDULE/metrics.jsonl].")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
               help="Write a Chrome trace-event file of the real run (open it in Perfetto).")
+@click.option("--checkpoint", "checkpoint_dir", type=click.Path(file_okay=False),
+              help="Save checkpoints (weights, optimizer state) in this folder.")
+@click.option("--checkpoint-every", type=click.IntRange(1, 1_000_000), default=10, show_default=True,
+              help="Steps between checkpoints (the last step is always saved).")
+@click.option("--resume", is_flag=True, help="Continue from the latest checkpoint in --checkpoint.")
 @_pass_options
-def run(file, backend, runtime, steps, warmstart_steps, seed, metrics_path, trace_path, overrides, schedule,
-        pipeline) -> None:
+def run(file, backend, runtime, steps, warmstart_steps, seed, metrics_path, trace_path, checkpoint_dir,
+        checkpoint_every, resume, overrides, schedule, pipeline) -> None:
     """Train FILE for real: the CPU backend on this machine's threads."""
     from aspc.runtime.cli_run import run_training
 
@@ -163,7 +168,8 @@ def run(file, backend, runtime, steps, warmstart_steps, seed, metrics_path, trac
     if runtime == "ray":
         raise click.ClickException("the Ray runtime is not available in this build yet; use --runtime local")
     compiled = _compile(file, overrides, schedule, pipeline, None, False)
-    run_training(file, _plan(compiled, pipeline), steps, warmstart_steps, seed, metrics_path, trace_path)
+    run_training(file, _plan(compiled, pipeline), steps, warmstart_steps, seed, metrics_path, trace_path,
+                 checkpoint_dir, checkpoint_every, resume)
 
 
 def _plan(compiled: Compiled, pipeline):
@@ -244,3 +250,7 @@ def _sources(file: str, overrides: tuple[str, ...]) -> dict[str, str]:
     except (OSError, UnicodeDecodeError):
         pass
     return sources
+
+
+if __name__ == "__main__":
+    main()

@@ -19,10 +19,11 @@ class Controller:
     `prompt_len(step, prompt)` gives a prompt's length in tokens (known when it is released).
     """
 
-    def __init__(self, config: ControllerConfig, prompt_len: Callable[[int, int], int]):
+    def __init__(self, config: ControllerConfig, prompt_len: Callable[[int, int], int], start_version: int = 0):
+        """`start_version`: resume after that many optimizer steps (steps before it are done)."""
         self.config = config
-        self.version = 0  # published policy version: optimizer steps done
-        self.gen = Generation(config, prompt_len)
+        self.version = start_version  # published policy version: optimizer steps done
+        self.gen = Generation(config, prompt_len, start_version)
         self.learner = Learner(config)
         self.staleness = Counter()  # staleness (u - v) of every sample trained
         self.used: set = set()  # samples delivered to training

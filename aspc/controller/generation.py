@@ -36,17 +36,17 @@ class InstanceState:
 
 
 class Generation:
-    def __init__(self, config, prompt_len):
+    def __init__(self, config, prompt_len, start_version: int = 0):
         self.config = config
         self.prompt_len = prompt_len
-        self.instances = [InstanceState() for _ in range(config.instances)]
+        self.instances = [InstanceState(loaded=start_version) for _ in range(config.instances)]
         self.inflight: dict[SampleId, int] = {}
         self.start_version: dict[SampleId, int] = {}
         self.splits: dict[SampleId, int] = {}
         self.history: dict[tuple[int, int], list[int]] = {}
         self.finished_lengths = 0
         self.finished_count = 0
-        self.released_steps = 0
+        self.released_steps = start_version
         self.routed = 0
 
     # -- prediction of queued work (queue-aware dispatch) --

@@ -29,13 +29,17 @@ def check_cpu_plan(file: str, plan: ExecutionPlan) -> None:
                                        "backend trains tiny `custom` models (no weights are downloaded)")
 
 
-def run_training(file, plan, steps, warmstart_steps, seed, metrics_path, trace_path) -> None:
+def run_training(file, plan, steps, warmstart_steps, seed, metrics_path, trace_path,
+                 checkpoint_dir=None, checkpoint_every=10, resume=False) -> None:
     from tqdm import tqdm
 
     check_cpu_plan(file, plan)
     metrics = Path(metrics_path) if metrics_path else Path("runs") / f"{plan.pipeline}-{plan.schedule}" / "metrics.jsonl"
     metrics.parent.mkdir(parents=True, exist_ok=True)
-    metrics.write_text("", encoding="utf-8")
+    if resume and checkpoint_dir is None:
+        raise click.ClickException("--resume needs --checkpoint DIR (where the run saved its checkpoints)")
+    if not resume:
+        metrics.write_text("", encoding="utf-8")
     warm = tqdm(total=warmstart_steps, desc="warm start", unit="step", disable=None, file=sys.stderr, leave=False)
     bar = tqdm(total=steps, desc=f"{plan.schedule}", unit="step", disable=None, file=sys.stderr)
     last = {"wall": 0.0}
@@ -52,24 +56,27 @@ def run_training(file, plan, steps, warmstart_steps, seed, metrics_path, trace_p
         bar.set_postfix(reward=f"{m.get('reward', 0):.3f}", tok_s=f"{m['tokens_per_s']:.0f}",
                         stale=f"{m['staleness_mean']:.2f}")
 
-    options = RunOptions(steps, warmstart_steps, metrics, seed, on_step, on_warmstart)
+    options = RunOptions(steps, warmstart_steps, metrics, seed, on_step, on_warmstart,
+                         Path(checkpoint_dir) if checkpoint_dir else None, checkpoint_every, resume)
     runtime = LocalRuntime(plan, Path(file).parent, options)
     try:
         runtime.build()
         warm.close()
+        if runtime.start_version:
+            bar.update(runtime.start_version)
+            click.echo(f"resumed at step {runtime.start_version} from {checkpoint_dir}", err=True)
         result = runtime.run()
     except (DataError, RewardError, WorkerFailed, UnsupportedPlan, ValueError) as error:
         raise click.ClickException(f"{file}: {error}") from None
     except KeyboardInterrupt:
         bar.close()
-        click.echo(f"\nstopped by Ctrl-C after {len(runtime_steps(runtime))} steps; metrics in {metrics}", err=True)
+        runtime.stop_workers()
+        saved = runtime.save_now() if hasattr(runtime, "learner_worker") else None
+        where = f"; checkpoint of step {saved} in {checkpoint_dir} (continue with --resume)" if saved else ""
+        click.echo(f"\nstopped by Ctrl-C; metrics in {metrics}{where}", err=True)
         sys.exit(130)
     bar.close()
     _report(result, metrics, trace_path, plan)
-
-
-def runtime_steps(runtime) -> list:
-    return list(runtime.step_metrics)
 
 
 def _report(result, metrics: Path, trace_path, plan) -> None:

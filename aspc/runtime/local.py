@@ -33,6 +33,9 @@ class RunOptions:
     seed: int = 0
     on_step: object = None  # callback(step, metrics)
     on_warmstart: object = None  # callback(step, loss)
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = 10
+    resume: bool = False
 
 
 @dataclass
@@ -70,15 +73,19 @@ class LocalRuntime:
         return self.prompts(step * self.data.prompts_per_step + prompt)
 
     def build(self) -> None:
+        self._check_supported()
         actor_plan = self.plan.model(self.train_stage.model)
         self.actor = TinyQwen(actor_plan.arch, seed=self.options.seed)
-        if self.options.warmstart_steps:
+        resume_from = self._resume_point()
+        if self.options.warmstart_steps and resume_from is None:
             warm_start(self.actor, self.prompts, self.options.warmstart_steps, on_step=self.options.on_warmstart)
-        self.weights[0] = copy.deepcopy(self.actor.state_dict())
         self.reward_fn = self._reward()
-        learner = Learner(self.actor, self._reference(), self._critic(), self._settings(), self.reward_fn)
-        self.learner_worker = LearnerWorker(learner, self._rollouts, self.weights, self.step_metrics,
-                                            self.events, self.clock)
+        self.learner = Learner(self.actor, self._reference(), self._critic(), self._settings(), self.reward_fn)
+        self.start_version = self._load(resume_from) if resume_from else 0
+        self.weights[self.start_version] = copy.deepcopy(self.actor.state_dict())
+        saver = self._save if self.options.checkpoint_dir else None
+        self.learner_worker = LearnerWorker(self.learner, self._rollouts, self.weights, self.step_metrics,
+                                            self.events, self.clock, saver)
         slots = max(self.data.group, min(MAX_SLOTS, -(-self.data.samples_per_step // self.config.instances)))
         options = dict(self.gen_stage.options)
         self.gen_workers = []
@@ -89,7 +96,54 @@ class LocalRuntime:
             self.gen_workers.append(GenerationWorker(i, generator, self.weights, self.results, self.lock,
                                                      self.events, self.clock))
         self.slots = slots
-        self.controller = Controller(self.config, lambda step, p: len(self._prompt(step, p).ids))
+        self.controller = Controller(self.config, lambda step, p: len(self._prompt(step, p).ids),
+                                     self.start_version)
+
+    # ---- checkpoints ----
+    def _check_supported(self) -> None:
+        if dict(self.train_stage.options).get("epochs", 1) != 1:
+            raise ValueError("the CPU backend trains one epoch per step; set epochs = 1")
+        if self.plan.stages_of("environment"):
+            raise ValueError("environment stages (agentic RL) are not executed by the CPU backend yet")
+
+    def _resume_point(self):
+        from aspc.backends.cpu import checkpoint
+
+        if not self.options.resume or self.options.checkpoint_dir is None:
+            return None
+        return checkpoint.latest(self.options.checkpoint_dir)
+
+    def _parts(self):
+        l = self.learner
+        return ({"actor": l.actor, "reference": l.ref, "critic": l.critic},
+                {"actor": l.optimizer, "critic": l.critic_optimizer})
+
+    def _save(self, version: int) -> None:
+        from aspc.backends.cpu import checkpoint
+
+        every = self.options.checkpoint_every
+        if version % every and version != self.config.steps and not getattr(self, "_final", False):
+            return
+        models, optimizers = self._parts()
+        checkpoint.save(self.options.checkpoint_dir, version, models, optimizers,
+                        {"pipeline": self.plan.pipeline, "schedule": self.plan.schedule})
+
+    def _load(self, path) -> int:
+        from aspc.backends.cpu import checkpoint
+
+        models, optimizers = self._parts()
+        version = checkpoint.load(path, models, optimizers)["version"]
+        _truncate(self.options.metrics_path, version)
+        return version
+
+    def save_now(self) -> int | None:
+        """After the workers stopped (Ctrl-C): checkpoint the last published version."""
+        version = self.learner_worker.completed
+        if self.options.checkpoint_dir is None or version is None:
+            return None
+        self._final = True
+        self._save(version)
+        return version
 
     def _reference(self):
         stages = self.plan.stages_of("reference")
@@ -155,7 +209,7 @@ class LocalRuntime:
         return result
 
     def _loop(self, result: RunResult) -> None:
-        last_published = 0
+        last_published = self.start_version
         while not self.controller.finished:
             event = self.events.get()
             if isinstance(event, tuple) and event[0] == "error":
@@ -199,9 +253,21 @@ class LocalRuntime:
     def _seed(self, sample) -> int:
         return zlib.crc32(repr((self.data.seed, self.options.seed, sample)).encode())
 
+    def stop_workers(self) -> None:
+        self._stop()
+
     def _stop(self) -> None:
         for worker in self.gen_workers:
             worker.inbox.put(("stop", None))
         self.learner_worker.inbox.put(("stop", None))
         for worker in [self.learner_worker, *self.gen_workers]:
             worker.join(timeout=10)
+
+
+def _truncate(metrics_path: Path | None, version: int) -> None:
+    """Resuming at `version`: forget the metrics of steps after it (they are trained again)."""
+    if metrics_path is None or not metrics_path.exists():
+        return
+    kept = [line for line in metrics_path.read_text().splitlines()
+            if line.strip() and json.loads(line)["step"] <= version]
+    metrics_path.write_text("".join(line + "\n" for line in kept))

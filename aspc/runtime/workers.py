@@ -72,9 +72,15 @@ class GenerationWorker(Worker):
 
 
 class LearnerWorker(Worker):
-    def __init__(self, learner, rollouts, weights: dict, metrics: dict, events, clock):
+    """Runs learner work in order; after each optimizer step it publishes the new weights and,
+    when due, writes a checkpoint (`checkpoint(version)`) before anyone can see the version."""
+
+    def __init__(self, learner, rollouts, weights: dict, metrics: dict, events, clock, checkpoint=None):
         super().__init__("learner", events, clock)
         self.learner, self.rollouts, self.weights, self.metrics = learner, rollouts, weights, metrics
+        self.checkpoint = checkpoint
+        self.trained: dict[int, list] = {}  # step -> sample ids trained in it
+        self.completed = None  # the last version published
 
     def loop(self) -> None:
         while True:
@@ -84,11 +90,17 @@ class LearnerWorker(Worker):
             start = self.clock()
             if kind == "work":
                 getattr(self.learner, _METHODS[payload.kind])(self.rollouts(sorted(payload.samples)))
+                if payload.kind == "train":
+                    self.trained.setdefault(payload.step, []).extend(payload.samples)
                 self.span(start, "useful", f"{payload.kind} step {payload.step}")
                 self.events.put(WorkFinished(payload.id))
             else:  # optimizer step: publish version step + 1
                 self.metrics[payload] = self.learner.optimizer_step()
+                self.metrics[payload]["trained"] = sorted(self.trained.pop(payload, []))
                 self.weights[payload + 1] = self.learner.snapshot()
+                if self.checkpoint is not None:
+                    self.checkpoint(payload + 1)
+                self.completed = payload + 1
                 self.span(start, "useful", f"optimizer step {payload}")
                 self.events.put(WeightsPublished(payload + 1))
 
