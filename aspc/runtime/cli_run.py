@@ -10,6 +10,7 @@ from aspc.backends.cpu.data import DataError
 from aspc.backends.cpu.rewards import RewardError
 from aspc.controller.config import UnsupportedPlan
 from aspc.plan import ExecutionPlan
+from aspc.runtime.accounting import bubble_shares
 from aspc.runtime.local import LocalRuntime, RunOptions
 from aspc.runtime.workers import WorkerFailed
 from aspc.trace import write_trace
@@ -86,6 +87,8 @@ def _report(result, metrics: Path, trace_path, plan) -> None:
     final = sum(m["reward"] for m in rows[-window:]) / window
     click.echo(f"{plan.pipeline} ({plan.schedule}): {len(rows)} steps in {result.wall_s:.1f} s; mean reward "
                f"{first:.3f} over the first {window} steps -> {final:.3f} over the last {window}")
+    shares = bubble_shares(result.spans, result.wall_s)
+    click.echo("worker time: " + "  ".join(f"{c} {100 * v:.1f}%" for c, v in shares.items()))
     click.echo(f"metrics: {metrics}")
     if trace_path:
         write_trace(Path(trace_path), {plan.schedule: result.spans})

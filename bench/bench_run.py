@@ -1,0 +1,46 @@
+"""Real CPU training of pipelines/tiny_grpo.aspl under sync-naive, sync and asp, in one invocation,
+with the simulator's (uncalibrated) prediction of the same plans beside the measurement.
+
+    python bench/bench_run.py [--steps 40]
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+from pathlib import Path
+
+from aspc.backends.sim.result import simulate
+from aspc.runtime.accounting import bubble_shares
+from aspc.runtime.local import LocalRuntime, RunOptions
+from aspc.toolchain import compile_with_passes
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40)
+    args = parser.parse_args()
+    print(f"steps: {args.steps} (after a 200-step warm start); machine: {platform.machine()}, "
+          f"Python {platform.python_version()}\n")
+    print("| schedule | wall (s) | step (s) | tokens/s | samples/s | final reward | greedy accuracy | "
+          "useful | skewness | sorting | sync | idle | simulated step (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for schedule in ("sync-naive", "sync", "asp"):
+        plan = compile_with_passes(ROOT / "pipelines" / "tiny_grpo.aspl", schedule=schedule).plan()
+        runtime = LocalRuntime(plan, ROOT / "pipelines", RunOptions(steps=args.steps))
+        runtime.build()
+        result = runtime.run()
+        tokens = sum(m["samples"] * m["response_len"] for m in result.metrics)
+        samples = sum(m["samples"] for m in result.metrics)
+        final = sum(m["reward"] for m in result.metrics[-10:]) / min(10, len(result.metrics))
+        shares = bubble_shares(result.spans, result.wall_s)
+        predicted = simulate(plan, args.steps).step_time
+        print(f"| {schedule} | {result.wall_s:.1f} | {result.wall_s / args.steps:.3f} | {tokens / result.wall_s:.0f} | "
+              f"{samples / result.wall_s:.1f} | {final:.3f} | {runtime.accuracy(256):.3f} | "
+              + " | ".join(f"{100 * shares[c]:.0f}%" for c in ("useful", "skewness", "sorting", "sync", "idle"))
+              + f" | {predicted:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
