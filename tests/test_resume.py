@@ -40,3 +40,19 @@ def test_sigkill_mid_run_then_resume_trains_every_sample_exactly_once(tmp_path):
     for r in rows:
         expected = {(r["step"] - 1, p, g) for p in range(16) for g in range(4)}
         assert [tuple(s) for s in r["trained"]] == sorted(expected)
+
+
+def test_ctrl_c_stops_cleanly_with_a_final_checkpoint(tmp_path):
+    process = subprocess.Popen(command(tmp_path)[:-6] + ["--checkpoint", str(tmp_path / "ck"),
+                                                         "--checkpoint-every", "1000", "--metrics",
+                                                         str(tmp_path / "m.jsonl")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while len(metrics(tmp_path / "m.jsonl")) < 3 and time.time() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130
+    assert "stopped by Ctrl-C" in err and "--resume" in err
+    saved = (tmp_path / "ck" / "latest").read_text().strip()
+    assert int(saved.split("-")[1]) >= 3  # the last finished step, not a multiple of 1000
