@@ -15,10 +15,10 @@ def metrics(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def command(tmp_path, *extra):
+def command(tmp_path, *extra, steps=STEPS, every=2):
     return [sys.executable, "-m", "aspc.cli", "run", str(ROOT / "pipelines" / "tiny_grpo.aspl"),
-            "--steps", str(STEPS), "--warmstart", "20", "--checkpoint", str(tmp_path / "ck"),
-            "--checkpoint-every", "2", "--metrics", str(tmp_path / "m.jsonl"), *extra]
+            "--steps", str(steps), "--warmstart", "20", "--checkpoint", str(tmp_path / "ck"),
+            "--checkpoint-every", str(every), "--metrics", str(tmp_path / "m.jsonl"), *extra]
 
 
 def test_sigkill_mid_run_then_resume_trains_every_sample_exactly_once(tmp_path):
@@ -43,9 +43,7 @@ def test_sigkill_mid_run_then_resume_trains_every_sample_exactly_once(tmp_path):
 
 
 def test_ctrl_c_stops_cleanly_with_a_final_checkpoint(tmp_path):
-    process = subprocess.Popen(command(tmp_path)[:-6] + ["--checkpoint", str(tmp_path / "ck"),
-                                                         "--checkpoint-every", "1000", "--metrics",
-                                                         str(tmp_path / "m.jsonl")],
+    process = subprocess.Popen(command(tmp_path, steps=100_000, every=1000),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
     while len(metrics(tmp_path / "m.jsonl")) < 3 and time.time() < deadline and process.poll() is None:
