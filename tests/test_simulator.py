@@ -89,3 +89,11 @@ def test_decode_step_matches_the_published_single_stream_speed():
     cost = GenerationCost(model_presets()["qwen2.5-7b"], hardware_table()["910b2"], Parallel(), 2, True)
     step = cost.alpha * 2000 + cost.beta(1)
     assert 0.010 < step < 0.015
+
+
+def test_the_simulator_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, aspc.backends.sim.result, aspc.cli; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"

@@ -53,9 +53,12 @@ def run_training(file, plan, steps, warmstart_steps, seed, metrics_path, trace_p
         seconds = max(m["wall_s"] - last["wall"], 1e-9)
         last["wall"] = m["wall_s"]
         m["tokens_per_s"] = round(m.get("samples", 0) * m.get("response_len", 0) / seconds, 1)
+        if step % 10 == 1:  # the share of worker time that was not useful, refreshed every 10 steps
+            shares = bubble_shares(runtime.spans(), m["wall_s"])
+            last["bubble"] = 1 - shares["useful"]
         bar.update(1)
         bar.set_postfix(reward=f"{m.get('reward', 0):.3f}", tok_s=f"{m['tokens_per_s']:.0f}",
-                        stale=f"{m['staleness_mean']:.2f}")
+                        stale=f"{m['staleness_mean']:.2f}", bubble=f"{100 * last.get('bubble', 0):.0f}%")
 
     options = RunOptions(steps, warmstart_steps, metrics, seed, on_step, on_warmstart,
                          Path(checkpoint_dir) if checkpoint_dir else None, checkpoint_every, resume)

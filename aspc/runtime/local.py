@@ -12,6 +12,7 @@ from pathlib import Path
 
 from aspc.backends.cpu.data import PromptSource
 from aspc.backends.cpu.generator import BatchGenerator
+from aspc.backends.cpu.slots import default_slots
 from aspc.backends.cpu.learner import Learner, Rollout, TrainSettings
 from aspc.backends.cpu.model import TinyQwen
 from aspc.backends.cpu.rewards import build_reward
@@ -22,7 +23,6 @@ from aspc.controller.events import (Dispatch, Finished, InstanceIdle, OptimizerS
 from aspc.plan import ExecutionPlan
 from aspc.runtime.workers import GenerationWorker, LearnerWorker, WorkerFailed, wall_clock
 
-MAX_SLOTS = 64
 
 
 @dataclass
@@ -86,7 +86,7 @@ class LocalRuntime:
         saver = self._save if self.options.checkpoint_dir else None
         self.learner_worker = LearnerWorker(self.learner, self._rollouts, self.weights, self.step_metrics,
                                             self.events, self.clock, saver)
-        slots = max(self.data.group, min(MAX_SLOTS, -(-self.data.samples_per_step // self.config.instances)))
+        slots = default_slots(self.data.samples_per_step, self.config.instances, self.data.group)
         options = dict(self.gen_stage.options)
         self.gen_workers = []
         for i in range(self.config.instances):
@@ -205,7 +205,7 @@ class LocalRuntime:
         finally:
             self._stop()
         result.wall_s = self.clock()
-        result.spans = [s for w in [self.learner_worker, *self.gen_workers] for s in w.spans]
+        result.spans = self.spans()
         return result
 
     def _loop(self, result: RunResult) -> None:
@@ -252,6 +252,10 @@ class LocalRuntime:
 
     def _seed(self, sample) -> int:
         return zlib.crc32(repr((self.data.seed, self.options.seed, sample)).encode())
+
+    def spans(self) -> list:
+        """The spans the workers recorded so far (a copy: they keep appending)."""
+        return [s for w in [self.learner_worker, *self.gen_workers] for s in list(w.spans)]
 
     def stop_workers(self) -> None:
         self._stop()

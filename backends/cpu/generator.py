@@ -63,6 +63,7 @@ class BatchGenerator:
             self._sample(seq, row)
         return self._collect()
 
+    @torch.no_grad()
     def _admit(self) -> None:
         if self.static and self.active:
             return

@@ -64,7 +64,7 @@ class GenerationCost:
         per_rank = max(batch / self.par.dp, 1)
         return max(dense + experts * touched, compute * per_rank) + fixed
 
-    def prefill(self, tokens: int) -> float:
+    def prefill(self, tokens: int, requests: int = 1) -> float:
         devices = self.par.tp * self.par.pp * self.par.dp
         return 2 * self.arch.active_params() * tokens / (self._flops * devices)
 

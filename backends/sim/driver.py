@@ -18,6 +18,8 @@ from aspc.plan import ExecutionPlan, StagePlan
 from aspc.workload import sample_step
 from aspc.backends.sim.costmodel import (GenerationCost, LearnerCost, dtype_bytes, hardware_of, offload_seconds,
                                     usable_hbm, weight_sync_seconds)
+from aspc.backends.cpu.slots import default_slots
+from aspc.backends.sim.calibrated import CalibratedGeneration, CalibratedLearner
 from aspc.backends.sim.instance import GenInstance
 from aspc.backends.sim.learner import packed_ranks, work_cost
 from aspc.backends.sim.ledger import Ledger, Span
@@ -41,8 +43,9 @@ class LearnerExec:
 
 
 class Simulation:
-    def __init__(self, plan: ExecutionPlan, steps: int, progress=None):
-        self.plan, self.steps, self.progress = plan, steps, progress
+    def __init__(self, plan: ExecutionPlan, steps: int, progress=None, calibration=None):
+        """`calibration`: measured costs (backends/sim/calibrated.py) instead of the roofline."""
+        self.plan, self.steps, self.progress, self.calibration = plan, steps, progress, calibration
         self.config = ControllerConfig.from_plan(plan, steps)
         self.gen_stage = plan.stages_of("generate")[0]
         self.data = plan.dataset(self.gen_stage.data)
@@ -79,9 +82,12 @@ class Simulation:
         model = self.plan.model(stage.model)
         hw = hardware_of(self.plan, stage)
         graph_mode = dict(stage.options).get("graph_mode", True)
-        cost = GenerationCost(model.arch, hw, stage.parallel, dtype_bytes(model.dtype), graph_mode)
-        mean_tokens = self._mean_tokens()
-        capacity = cost.capacity(mean_tokens, usable_hbm(hw))
+        if self.calibration is not None:
+            cost = CalibratedGeneration(self.calibration)
+            capacity = default_slots(self.data.samples_per_step, len(stage.instances), self.data.group)
+        else:
+            cost = GenerationCost(model.arch, hw, stage.parallel, dtype_bytes(model.dtype), graph_mode)
+            capacity = cost.capacity(self._mean_tokens(), usable_hbm(hw))
         static = stage.batching != "continuous"
         self.instances = [GenInstance(i.index, cost, capacity, static, i.device_count) for i in stage.instances]
         self.gen_capacity = capacity
@@ -206,7 +212,9 @@ class Simulation:
 
     def _load(self, inst: GenInstance, version: int, interrupt: bool) -> None:
         transfer = self.plan.weight_syncs[0].transfer if self.plan.weight_syncs else "link"
-        if transfer == "offload_onload":
+        if self.calibration is not None:
+            seconds = self.calibration.weight_load
+        elif transfer == "offload_onload":
             seconds = offload_seconds(self.weight_bytes / self.gen_stage.parallel.tp, inst.devices)
         else:
             learner = self.learners[self.train_stage.pool]
@@ -233,8 +241,7 @@ class Simulation:
     def _run_work(self, learner: LearnerExec, work) -> float:
         stage = self.plan.stage(work.stage)
         model = self.plan.model(stage.model)
-        cost = LearnerCost(model.arch, hardware_of(self.plan, stage), stage.parallel,
-                           bool(dict(stage.options).get("recompute", False)))
+        cost = self._learner_cost(stage)
         key = (work.step, work.samples[0], len(work.samples), stage.micro_batching, stage.parallel.dp)
         if key not in self._packed:  # reference and train pack the same unit the same way
             lengths = [self._sample(*s).tokens for s in work.samples]
@@ -242,6 +249,14 @@ class Simulation:
         wc = work_cost(stage, cost, work.kind, self._packed[key])
         self._learner_span(learner, wc, work)
         return wc.seconds
+
+    def _learner_cost(self, stage: StagePlan, recompute: bool | None = None):
+        if self.calibration is not None:
+            return CalibratedLearner(self.calibration, stage.parallel.tp * stage.parallel.pp * stage.parallel.cp)
+        model = self.plan.model(stage.model)
+        if recompute is None:
+            recompute = bool(dict(stage.options).get("recompute", False))
+        return LearnerCost(model.arch, hardware_of(self.plan, stage), stage.parallel, recompute)
 
     def _mean_tokens_cached(self) -> float:
         if not hasattr(self, "_mean"):
@@ -257,9 +272,7 @@ class Simulation:
         self.learner_busy.setdefault(learner.pool, []).append((self.now, end))
 
     def _run_optimizer(self, learner: LearnerExec, step: int) -> float:
-        stage = self.train_stage
-        model = self.plan.model(stage.model)
-        seconds = LearnerCost(model.arch, hardware_of(self.plan, stage), stage.parallel, False).optimizer()
+        seconds = self._learner_cost(self.train_stage, False).optimizer()
         self.ledger.span(learner.pool, self.now, self.now + seconds, "useful", f"optimizer step {step}",
                          learner.devices)
         self.learner_busy.setdefault(learner.pool, []).append((self.now, self.now + seconds))
@@ -268,7 +281,8 @@ class Simulation:
         return seconds
 
     def _run_publish(self, learner: LearnerExec, version: int) -> float:
-        seconds = weight_sync_seconds(self.weight_bytes, learner.devices)
+        seconds = self.calibration.weight_load if self.calibration else weight_sync_seconds(self.weight_bytes,
+                                                                                            learner.devices)
         self.ledger.span(learner.pool, self.now, self.now + seconds, "sync", f"publish v{version}",
                          learner.devices)
         self.learner_busy.setdefault(learner.pool, []).append((self.now, self.now + seconds))
@@ -300,7 +314,8 @@ class Simulation:
         if target == "learn":
             for inst in self.instances:
                 self.feed(InstanceIdle(inst.index, 0))
-        seconds = offload_seconds(self.weight_bytes * 8, self.learners[pool].devices)  # weights + optimizer state
+        # weights + optimizer state move host <-> device; CPU threads share memory: nothing moves
+        seconds = 0.0 if self.calibration else offload_seconds(self.weight_bytes * 8, self.learners[pool].devices)
         self.switch_spans.append((self.now, self.now + seconds, pool))
         self.at(self.now + seconds, "switched", pool, target)
 

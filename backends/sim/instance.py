@@ -98,7 +98,7 @@ class GenInstance:
         self.clock = max(self.clock, now)
         start = max(self.clock, self.busy_until)
         prompt_tokens = sum(r.prompt_len for r in requests)
-        self.busy_until = start + self.cost.prefill(prompt_tokens)
+        self.busy_until = start + self.cost.prefill(prompt_tokens, len(requests))
         self.segments.append((start, self.busy_until, "useful"))
         for r in requests:
             length = response_len(r.sample)

@@ -109,8 +109,8 @@ def _account_learners(sim: Simulation, wall: float) -> None:
                     sim.ledger.span(pool, a, b, "sorting", "idle: samples held back", learner.devices)
 
 
-def simulate(plan, steps: int = 20, progress=None) -> SimResult:
-    sim = Simulation(plan, steps, progress)
+def simulate(plan, steps: int = 20, progress=None, calibration=None) -> SimResult:
+    sim = Simulation(plan, steps, progress, calibration)
     sim.run()
     return collect(sim)
 
