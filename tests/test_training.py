@@ -43,9 +43,10 @@ def test_grpo_reward_rises_over_the_warm_start(sixty_steps):
 
 
 def test_asp_with_staleness_one_converges_like_sync(sixty_steps):
-    """The published claim: unchanged convergence. Same samples, final accuracy within 0.2."""
+    """The published claim, unchanged convergence: over the same samples, asp's final held-out
+    accuracy is not worse than sync's by more than 0.1 (seen: 0.44 against 0.36)."""
     (_, _, sync_after), (asp_result, _, asp_after) = sixty_steps["sync"], sixty_steps["asp"]
-    assert abs(asp_after - sync_after) <= 0.2
+    assert asp_after >= sync_after - 0.1
     assert max(m["staleness_mean"] for m in asp_result.metrics) <= 1.0
 
 
