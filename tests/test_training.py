@@ -73,3 +73,17 @@ def test_run_refuses_an_npu_pipeline_with_a_clear_message(aspc):
     assert "aspc simulate" in result.output and "Traceback" not in result.output
     ascend = aspc("run", "pipelines/tiny_grpo.aspl", "--backend", "ascend")
     assert ascend.exit_code == 1 and "--backend cpu" in ascend.output
+
+
+def test_a_raising_user_reward_ends_the_run_with_the_sample_named(aspc, tmp_path, monkeypatch):
+    (tmp_path / "badreward.py").write_text("def score(prompt, response, answer, metadata):\n"
+                                           "    raise ValueError('no score for ' + prompt)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = (ROOT / "pipelines" / "tiny_grpo.aspl").read_text().replace(
+        'reward(gen, rule = "exact_match")', 'reward(gen, python = "badreward:score")')
+    pipeline = tmp_path / "p.aspl"
+    pipeline.write_text(source)
+    result = aspc("run", str(pipeline), "--steps", "2", "--warmstart", "0", "--metrics", str(tmp_path / "m.jsonl"))
+    assert result.exit_code == 1
+    assert "badreward.score" in result.output or "score failed" in result.output
+    assert "ValueError: no score for" in result.output and "Traceback" not in result.output
