@@ -23,7 +23,17 @@ EMITTERS = {
     "json": lambda c: to_json(c.graph),
     "dot": lambda c: to_dot(c.graph),
     "plan": lambda c: c.plan().to_json(),
+    "launch": lambda c: _launch_plan(c).to_json(),
 }
+
+
+def _launch_plan(compiled):
+    from aspc.backends.ascend.lowering import lower
+
+    try:
+        return lower(compiled.plan())
+    except ValueError as error:
+        raise click.ClickException(f"cannot lower to Ascend: {error}") from None
 
 _SET_HELP = "Override an option: NAME.option=value (NAME: a stage, model, data, pool, " \
             "`schedule`, or a stage kind for all its stages). Repeatable."
@@ -69,13 +79,17 @@ def check(files: tuple[str, ...], overrides: tuple[str, ...]) -> None:
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--emit", type=click.Choice(sorted(EMITTERS)), default="ir", show_default=True,
               help="ast: the formatted source; ir/json/dot: the stage graph after the passes; "
-                   "plan: the execution plan (JSON).")
+                   "plan: the execution plan (JSON); launch: the Ascend launch plan (--backend ascend).")
+@click.option("--backend", type=click.Choice(["cpu", "ascend"]), default="cpu", show_default=True,
+              help="The backend whose artifacts --emit launch lowers to.")
 @click.option("--emit-after", metavar="PASS", help="Stop after this pass and print the IR.")
 @click.option("--verify", is_flag=True, help="Verify the IR after every pass.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to a file instead of stdout.")
 @_pass_options
-def compile_command(file, emit, emit_after, verify, output, overrides, schedule, pipeline) -> None:
+def compile_command(file, emit, backend, emit_after, verify, output, overrides, schedule, pipeline) -> None:
     """Compile FILE and print the artifact chosen with --emit."""
+    if emit == "launch" and backend != "ascend":
+        raise click.UsageError("--emit launch lowers to the Ascend backend: add --backend ascend")
     compiled = _compile(file, overrides, schedule, pipeline, emit_after, verify)
     try:
         text = EMITTERS[emit](compiled)
@@ -155,21 +169,40 @@ def simulate(file, compare, steps, trace_path, plot_path, overrides, schedule, p
 @click.option("--checkpoint-every", type=click.IntRange(1, 1_000_000), default=10, show_default=True,
               help="Steps between checkpoints (the last step is always saved).")
 @click.option("--resume", is_flag=True, help="Continue from the latest checkpoint in --checkpoint.")
+@click.option("--dry-run", is_flag=True, help="With --backend ascend: print the per-process commands and "
+                                               "environment a cluster operator would launch.")
 @_pass_options
 def run(file, backend, runtime, steps, warmstart_steps, seed, metrics_path, trace_path, checkpoint_dir,
-        checkpoint_every, resume, overrides, schedule, pipeline) -> None:
-    """Train FILE for real: the CPU backend on this machine's threads."""
+        checkpoint_every, resume, dry_run, overrides, schedule, pipeline) -> None:
+    """Train FILE for real: the CPU backend on this machine's threads (or, with --backend ascend
+    --dry-run, print the NPU cluster's launch commands)."""
     from aspc.runtime.cli_run import run_training
 
     if backend == "ascend":
-        raise click.ClickException("the Ascend backend is not available in this build yet; run "
-                                   "`aspc simulate FILE` to predict an NPU cluster, or --backend cpu "
-                                   "for a tiny pipeline")
+        _run_ascend(file, overrides, schedule, pipeline, dry_run)
+        return
     if runtime == "ray":
         raise click.ClickException("the Ray runtime is not available in this build yet; use --runtime local")
     compiled = _compile(file, overrides, schedule, pipeline, None, False)
     run_training(file, _plan(compiled, pipeline), steps, warmstart_steps, seed, metrics_path, trace_path,
                  checkpoint_dir, checkpoint_every, resume)
+
+
+def _run_ascend(file, overrides, schedule, pipeline, dry_run) -> None:
+    from aspc.backends.ascend.executors import AscendUnavailable, require_npu
+    from aspc.backends.ascend.launch import launch_script
+
+    compiled = _compile(file, overrides, schedule, pipeline, None, False)
+    launch = _launch_plan(compiled)
+    if dry_run:
+        click.echo(launch_script(launch), nl=False)
+        return
+    try:
+        require_npu()
+    except AscendUnavailable as error:
+        raise click.ClickException(f"{file}: {error}") from None
+    raise click.ClickException("NPUs are here, but driving them from `aspc run` needs the Ray runtime, which "
+                               "this build does not have yet; start the processes of `--dry-run` instead")
 
 
 def _plan(compiled: Compiled, pipeline):

@@ -1,0 +1,117 @@
+"""The Ascend backend on CPU: golden launch plans, conformance of the lowered model configs with
+megatron-core, a sound device mapping, and the clear message where no NPU exists."""
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aspc.backends.ascend.executors import materialize
+from aspc.backends.ascend.groups import process_groups
+from aspc.backends.ascend.lowering import lower
+from aspc.ir import Parallel
+from aspc.toolchain import compile_with_passes
+from conftest import ROOT, check_golden
+
+WORKLOADS = ["grpo_7b", "dapo_32b", "grpo_30b_moe", "r1_zero_671b", "grpo_7b_colocated"]
+
+
+def launch(name, overrides=()):
+    return lower(compile_with_passes(ROOT / "pipelines" / f"{name}.aspl", list(overrides)).plan())
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_launch_plan_matches_golden(aspc, name):
+    result = aspc("compile", f"pipelines/{name}.aspl", "--backend", "ascend", "--emit", "launch")
+    assert result.exit_code == 0, result.output
+    check_golden(ROOT / "tests" / "golden" / f"{name}.launch.json", result.stdout)
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_no_npu_goes_to_two_processes_that_do_not_time_share(name):
+    owners = {}
+    for p in launch(name).processes:
+        for d in p.devices:
+            owners.setdefault((p.node, d), []).append(p)
+    for users in owners.values():
+        assert len(users) == 1 or all(u.time_shared for u in users)
+        assert len({u.stage for u in users}) == len(users)  # never two processes of one stage
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_megatron_configs_construct_in_megatron_core(name):
+    transformer_config = pytest.importorskip("megatron.core.transformer.transformer_config")
+    for stage in launch(name).stages:
+        if stage.role == "vllm-engine":
+            continue
+        config = dict(materialize(stage.config), use_cpu_initialization=True)
+        cls = transformer_config.MLATransformerConfig if config.get("multi_latent_attention") \
+            else transformer_config.TransformerConfig
+        built = cls(**config)
+        assert built.num_layers == config["num_layers"]
+        assert built.tensor_model_parallel_size == config["tensor_model_parallel_size"]
+
+
+def test_a_tiny_gpt_model_builds_from_the_lowering(tmp_path):
+    pytest.importorskip("megatron.core")
+    import torch
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    plan = compile_with_passes(ROOT / "pipelines" / "tiny_grpo.aspl").plan()
+    stage = next(s for s in lower(plan).stages if s.kind == "train")
+    arch = plan.model("actor").arch
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel()
+    try:
+        config = TransformerConfig(**materialize(stage.config), use_cpu_initialization=True)
+        model = GPTModel(config, transformer_layer_spec=get_gpt_layer_local_spec(), **stage.model_args)
+        assert sum(p.numel() for p in model.parameters()) > 0
+        assert model.config.num_query_groups == arch.kv_heads
+    finally:
+        parallel_state.destroy_model_parallel()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 3]), st.sampled_from([1, 2, 4]), st.sampled_from([1, 2]),
+       st.sampled_from([1, 2, 4]))
+def test_process_groups_partition_the_ranks(tp, pp, dp, cp, ep):
+    par = Parallel(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep if (dp * cp) % ep == 0 else 1)
+    groups = process_groups(par)
+    world = list(range(par.devices))
+    for axis, size in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp)):
+        assert sorted(r for g in groups[axis] for r in g) == world
+        assert all(len(g) == size for g in groups[axis])
+    if par.ep > 1:
+        assert sorted(r for g in groups["ep"] for r in g) == world
+        assert all(len(g) == par.ep for g in groups["ep"])
+
+
+def test_weight_transfers_carry_every_instance_its_weights():
+    plan = launch("dapo_32b")
+    total = sum(t.bytes for t in plan.transfers)
+    model_bytes = 65_527_752_704
+    assert total == pytest.approx(8 * model_bytes, rel=1e-6)  # 8 generate instances, TP8 PP2 -> TP4
+    assert {t.dst_tp_rank for t in plan.transfers} == {0, 1, 2, 3}
+
+
+def test_missing_npu_stack_gives_the_clear_message(aspc):
+    result = aspc("run", "pipelines/tiny_grpo.aspl", "--backend", "ascend")
+    assert result.exit_code == 1
+    for hint in ("torch-npu", "--dry-run", "--backend cpu", "aspc simulate"):
+        assert hint in result.output
+    assert "Traceback" not in result.output
+
+
+def test_dry_run_prints_every_process(aspc):
+    result = aspc("run", "pipelines/grpo_7b.aspl", "--backend", "ascend", "--dry-run")
+    assert result.exit_code == 0
+    commands = [line for line in result.stdout.splitlines() if "aspc.backends.ascend.executors" in line]
+    assert len(commands) == len(launch("grpo_7b").processes)
+    assert all("ASCEND_RT_VISIBLE_DEVICES=" in c and "HCCL_CONNECT_TIMEOUT=" in c for c in commands)
+
+
+def test_emit_launch_needs_the_ascend_backend(aspc):
+    result = aspc("compile", "pipelines/grpo_7b.aspl", "--emit", "launch")
+    assert result.exit_code == 2 and "--backend ascend" in result.output
