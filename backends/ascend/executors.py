@@ -79,10 +79,9 @@ def compile_forward(model, compiler: dict):
     import torch
     import torchair
 
-    config = torchair.CompilerConfig()
-    config.mode = compiler["mode"]
-    for name, value in compiler.get("experimental_config", {}).items():
-        setattr(config.experimental_config, name, value)
+    from aspc.backends.ascend.compiler_options import apply_compiler_options
+
+    config = apply_compiler_options(torchair.CompilerConfig(), compiler)
     return torch.compile(model, backend=torchair.get_npu_backend(compiler_config=config),
                          dynamic=compiler.get("dynamic", False))
 
