@@ -60,11 +60,12 @@ def torchair_configs(tmp_path_factory):
             del sys.modules[name]
 
 
-@pytest.mark.parametrize("name", ["grpo_7b", "dapo_32b", "grpo_30b_moe", "r1_zero_671b", "grpo_7b_colocated"])
+# dapo_32b has no reference stage (DAPO drops the KL term), so nothing of it is compiled by torchair
+@pytest.mark.parametrize("name", ["grpo_7b", "grpo_30b_moe", "r1_zero_671b", "grpo_7b_colocated"])
 def test_lowered_torchair_options_are_accepted(torchair_configs, name):
     plan = lower(compile_with_passes(ROOT / "pipelines" / f"{name}.aspl").plan())
     compilers = [s.compiler for s in plan.stages if s.compiler]
-    assert compilers, "every paper workload has a forward-only reference stage"
+    assert compilers, "these workloads have a forward-only reference stage"
     for compiler in compilers:
         config = apply_compiler_options(torchair_configs.CompilerConfig(), compiler)
         assert config.mode.value == compiler["mode"]
