@@ -9,7 +9,10 @@ from aspc.backends.ascend.groups import process_groups
 from aspc.backends.ascend.lowering import lower
 from aspc.ir import Parallel
 from aspc.toolchain import compile_with_passes
+from aspc.compiler import compile_source
+from aspc.toolchain import run_schedule
 from conftest import ROOT, check_golden
+from test_passes_properties import pipelines as random_pipelines
 
 WORKLOADS = ["grpo_7b", "dapo_32b", "grpo_30b_moe", "r1_zero_671b", "grpo_7b_colocated"]
 
@@ -115,3 +118,21 @@ def test_dry_run_prints_every_process(aspc):
 def test_emit_launch_needs_the_ascend_backend(aspc):
     result = aspc("compile", "pipelines/grpo_7b.aspl", "--emit", "launch")
     assert result.exit_code == 2 and "--backend ascend" in result.output
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_random_plans_lower_to_a_sound_device_mapping(data):
+    text = data.draw(random_pipelines())
+    launch_plan = lower(run_schedule(compile_source(text, "random.aspl")).plan())
+    owners = {}
+    for p in launch_plan.processes:
+        for d in p.devices:
+            owners.setdefault((p.node, d), []).append(p)
+    for users in owners.values():
+        assert len(users) == 1 or all(u.time_shared for u in users)
+        assert len({u.name for u in users}) == len(users)
+    for stage in launch_plan.stages:
+        if stage.groups:
+            world = sum(len(g) for g in stage.groups["tp"])
+            assert all(sorted(r for g in stage.groups[a] for r in g) == list(range(world)) for a in ("tp", "dp", "pp"))
