@@ -232,7 +232,7 @@ def _advance(bar):
 
 def _write_pictures(results, trace_path, plot_path) -> None:
     from aspc.backends.sim.plot import write_plot
-    from aspc.backends.sim.trace import write_trace
+    from aspc.trace import write_trace
 
     try:
         if trace_path:

@@ -1,5 +1,5 @@
 """Dispatch policies: which generation instance gets a released unit (a prompt's group, or one
-sample), and which idle instance may steal queued work. Pure functions over queue summaries."""
+sample), and whether an idle instance may steal queued work. Pure functions over queue summaries."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,11 +30,3 @@ def choose_instance(policy: str, loads: list[Load], counter: int) -> int:
 def steals(policy: str) -> bool:
     """Only queue-aware dispatch moves queued work to an idle instance; the others route once."""
     return policy == "queue_aware"
-
-
-def steal_victim(loads: list[Load], thief: int) -> int | None:
-    """The instance with the most queued work, if any other has a queue."""
-    others = [l for l in loads if l.index != thief and l.queued_requests > 0]
-    if not others:
-        return None
-    return max(others, key=lambda l: (l.queued_work, -l.index)).index

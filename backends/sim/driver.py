@@ -50,6 +50,7 @@ class Simulation:
         self.gen_stage = plan.stages_of("generate")[0]
         self.data = plan.dataset(self.gen_stage.data)
         self._steps_cache: dict[int, list] = {}
+        self.mean_tokens = self._mean_tokens()  # mean prompt + response length of the workload
         self.controller = Controller(self.config, lambda step, prompt: self._sample(step, prompt, 0).prompt_len)
         self.now = 0.0
         self.heap: list = []
@@ -87,7 +88,7 @@ class Simulation:
             capacity = default_slots(self.data.samples_per_step, len(stage.instances), self.data.group)
         else:
             cost = GenerationCost(model.arch, hw, stage.parallel, dtype_bytes(model.dtype), graph_mode)
-            capacity = cost.capacity(self._mean_tokens(), usable_hbm(hw))
+            capacity = cost.capacity(self.mean_tokens, usable_hbm(hw))
         static = stage.batching != "continuous"
         self.instances = [GenInstance(i.index, cost, capacity, static, i.device_count) for i in stage.instances]
         self.gen_capacity = capacity
@@ -245,7 +246,7 @@ class Simulation:
         key = (work.step, work.samples[0], len(work.samples), stage.micro_batching, stage.parallel.dp)
         if key not in self._packed:  # reference and train pack the same unit the same way
             lengths = [self._sample(*s).tokens for s in work.samples]
-            self._packed[key] = packed_ranks(stage, lengths, self._mean_tokens_cached())
+            self._packed[key] = packed_ranks(stage, lengths, self.mean_tokens)
         wc = work_cost(stage, cost, work.kind, self._packed[key])
         self._learner_span(learner, wc, work)
         return wc.seconds
@@ -257,11 +258,6 @@ class Simulation:
         if recompute is None:
             recompute = bool(dict(stage.options).get("recompute", False))
         return LearnerCost(model.arch, hardware_of(self.plan, stage), stage.parallel, recompute)
-
-    def _mean_tokens_cached(self) -> float:
-        if not hasattr(self, "_mean"):
-            self._mean = self._mean_tokens()
-        return self._mean
 
     def _learner_span(self, learner: LearnerExec, wc, work) -> None:
         end = self.now + wc.seconds

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from aspc.backends.sim.ledger import CATEGORIES
-from aspc.backends.sim.trace import coalesce
+from aspc.trace import coalesce
 
 COLORS = {"useful": "#2e7d32", "padding": "#f9a825", "skewness": "#c62828", "sorting": "#6a1b9a",
           "sync": "#1565c0", "idle": "#bdbdbd"}
