@@ -154,7 +154,9 @@ def simulate(file, compare, steps, trace_path, plot_path, overrides, schedule, p
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--backend", type=click.Choice(["cpu", "ascend"]), default="cpu", show_default=True)
-@click.option("--runtime", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--runtime", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: threads on this machine; ray: Ray actors (a local Ray, or --address).")
+@click.option("--address", help="With --runtime ray: the Ray cluster to join (default: start a local one).")
 @click.option("--steps", type=click.IntRange(1, 1_000_000), default=100, show_default=True,
               help="RL training steps (optimizer updates).")
 @click.option("--warmstart", "warmstart_steps", type=click.IntRange(0, 1_000_000), default=200,
@@ -172,7 +174,7 @@ def simulate(file, compare, steps, trace_path, plot_path, overrides, schedule, p
 @click.option("--dry-run", is_flag=True, help="With --backend ascend: print the per-process commands and "
                                                "environment a cluster operator would launch.")
 @_pass_options
-def run(file, backend, runtime, steps, warmstart_steps, seed, metrics_path, trace_path, checkpoint_dir,
+def run(file, backend, runtime, address, steps, warmstart_steps, seed, metrics_path, trace_path, checkpoint_dir,
         checkpoint_every, resume, dry_run, overrides, schedule, pipeline) -> None:
     """Train FILE for real: the CPU backend on this machine's threads (or, with --backend ascend
     --dry-run, print the NPU cluster's launch commands)."""
@@ -181,11 +183,9 @@ def run(file, backend, runtime, steps, warmstart_steps, seed, metrics_path, trac
     if backend == "ascend":
         _run_ascend(file, overrides, schedule, pipeline, dry_run)
         return
-    if runtime == "ray":
-        raise click.ClickException("the Ray runtime is not available in this build yet; use --runtime local")
     compiled = _compile(file, overrides, schedule, pipeline, None, False)
     run_training(file, _plan(compiled, pipeline), steps, warmstart_steps, seed, metrics_path, trace_path,
-                 checkpoint_dir, checkpoint_every, resume)
+                 checkpoint_dir, checkpoint_every, resume, runtime, address)
 
 
 def _run_ascend(file, overrides, schedule, pipeline, dry_run) -> None:

@@ -31,7 +31,7 @@ def check_cpu_plan(file: str, plan: ExecutionPlan) -> None:
 
 
 def run_training(file, plan, steps, warmstart_steps, seed, metrics_path, trace_path,
-                 checkpoint_dir=None, checkpoint_every=10, resume=False) -> None:
+                 checkpoint_dir=None, checkpoint_every=10, resume=False, runtime_kind="local", address=None) -> None:
     from tqdm import tqdm
 
     check_cpu_plan(file, plan)
@@ -62,7 +62,7 @@ def run_training(file, plan, steps, warmstart_steps, seed, metrics_path, trace_p
 
     options = RunOptions(steps, warmstart_steps, metrics, seed, on_step, on_warmstart,
                          Path(checkpoint_dir) if checkpoint_dir else None, checkpoint_every, resume)
-    runtime = LocalRuntime(plan, Path(file).parent, options)
+    runtime = _runtime(runtime_kind, plan, Path(file).parent, options, address)
     try:
         runtime.build()
         warm.close()
@@ -70,7 +70,12 @@ def run_training(file, plan, steps, warmstart_steps, seed, metrics_path, trace_p
             bar.update(runtime.start_version)
             click.echo(f"resumed at step {runtime.start_version} from {checkpoint_dir}", err=True)
         result = runtime.run()
-    except (DataError, RewardError, WorkerFailed, UnsupportedPlan, ValueError) as error:
+    except WorkerFailed as error:
+        runtime.stop_workers()
+        saved = runtime.save_now() if hasattr(runtime, "learner_worker") else None
+        where = f"; checkpoint of step {saved} in {checkpoint_dir} (continue with --resume)" if saved else ""
+        raise click.ClickException(f"{file}: {error}{where}") from None
+    except (DataError, RewardError, UnsupportedPlan, ValueError) as error:
         raise click.ClickException(f"{file}: {error}") from None
     except KeyboardInterrupt:
         bar.close()
@@ -81,6 +86,19 @@ def run_training(file, plan, steps, warmstart_steps, seed, metrics_path, trace_p
         sys.exit(130)
     bar.close()
     _report(result, metrics, trace_path, plan)
+
+
+def _runtime(kind: str, plan, base_dir: Path, options: RunOptions, address):
+    if kind == "local":
+        return LocalRuntime(plan, base_dir, options)
+    from aspc.runtime.ray_runtime import RayRuntime, RayUnavailable
+
+    try:
+        return RayRuntime(plan, base_dir, options, address)
+    except RayUnavailable as error:
+        raise click.ClickException(str(error)) from None
+    except ConnectionError as error:
+        raise click.ClickException(f"cannot join the Ray cluster at {address}: {error}") from None
 
 
 def _report(result, metrics: Path, trace_path, plan) -> None:

@@ -185,7 +185,7 @@ class LocalRuntime:
                 if rollout is None:
                     prompt = self._prompt(*sample[:2])
                     rollout = Rollout(finished.prompt, finished.response, finished.logprobs, prompt.text,
-                                      prompt.answer, prompt.metadata)
+                                      prompt.answer, prompt.metadata, key=sample)
                     self.rollouts[sample] = rollout
             out.append(rollout)
         return out

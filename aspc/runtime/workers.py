@@ -7,7 +7,8 @@ import threading
 import time
 import traceback
 
-from aspc.controller.events import SampleFinished, WeightsLoaded, WeightsPublished, WorkFinished
+from aspc.controller.events import (InstanceFailed, InstanceRecovered, SampleFinished, WeightsLoaded,
+                                    WeightsPublished, WorkFinished)
 from aspc.trace import Span
 
 
@@ -33,6 +34,10 @@ class Worker(threading.Thread):
         self.spans.append(Span(self.name, start, self.clock(), category, label))
 
 
+class InstanceLost(Exception):
+    """The process behind a generation instance died (a remote runtime's worker)."""
+
+
 class GenerationWorker(Worker):
     def __init__(self, index: int, generator, weights: dict, results: dict, lock, events, clock):
         super().__init__(f"gen[{index}]", events, clock)
@@ -50,7 +55,11 @@ class GenerationWorker(Worker):
                 continue
             if self.generator.busy:
                 start = self.clock()
-                finished = self.generator.step()
+                try:
+                    finished = self.generator.step()
+                except InstanceLost:
+                    self.events.put(InstanceFailed(self.index))
+                    continue
                 self.span(start, "useful", "decode")
                 for f in finished:
                     with self.lock:
@@ -62,9 +71,16 @@ class GenerationWorker(Worker):
         if kind == "requests":
             for key, ids, seed in payload:
                 self.generator.add(key, ids, seed)
+        elif kind == "replace":  # a restarted instance: a new generator, then the controller is told
+            self.generator = payload
+            self.events.put(InstanceRecovered(self.index))
         elif kind == "sync":
             start = self.clock()
-            self.generator.load_weights(self.weights[payload])
+            try:
+                self.generator.load_weights(self.weights[payload])
+            except InstanceLost:
+                self.events.put(InstanceFailed(self.index))
+                return
             self.span(start, "sync", f"load v{payload}")
             self.events.put(WeightsLoaded(self.index, payload))
         elif kind == "stop":

@@ -25,6 +25,7 @@ class Rollout:
     reward: float = 0.0
     ref_logprobs: list[float] | None = None
     values: list[float] | None = None
+    key: tuple | None = None  # the sample id, so a remote learner can keep its copy
 
 
 @dataclass
