@@ -98,3 +98,14 @@ def test_a_learner_checkpoint_comes_back_from_the_actor(tmp_path):
     runtime.run()
     assert (tmp_path / "ck" / "latest").read_text().strip() == "step-000002"
     assert (tmp_path / "ck" / "step-000002" / "actor.safetensors").exists()
+
+
+def test_an_instance_that_keeps_failing_ends_the_run_with_a_clear_message():
+    from aspc.controller.events import RestartInstance
+    from aspc.runtime.ray_runtime import MAX_RESTARTS
+    from aspc.runtime.workers import WorkerFailed
+
+    runtime = object.__new__(RayRuntime)  # only the restart bookkeeping is exercised here
+    runtime.restarts = {1: MAX_RESTARTS}
+    with pytest.raises(WorkerFailed, match=f"generation instance 1 failed {MAX_RESTARTS + 1} times"):
+        runtime._act(RestartInstance(1))
