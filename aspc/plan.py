@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aspc.facts import ModelArch
-from aspc.ir import DataSpec, Parallel, Stage, StageGraph, StageKind
+from aspc.ir import Parallel, Stage, StageGraph, StageKind
 from aspc.serialize import encode
 from aspc.values import Call
 

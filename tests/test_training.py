@@ -1,7 +1,5 @@
 """Real RL training on the CPU backend: it learns, staleness 0 equals sync, and asp converges
 like sync. Fixed seeds; these run for a minute or two in CI."""
-from pathlib import Path
-
 import pytest
 
 from aspc.runtime.local import LocalRuntime, RunOptions

@@ -5,7 +5,7 @@ from collections import Counter
 from typing import Callable
 
 from aspc.controller.config import ControllerConfig
-from aspc.controller.events import (Checkpoint, Dispatch, Finished, InstanceFailed, InstanceIdle,
+from aspc.controller.events import (Checkpoint, Finished, InstanceFailed, InstanceIdle,
                                     InstanceRecovered, OptimizerStep, RestartInstance, RunWork,
                                     SampleFinished, Start, SyncWeights, WeightsLoaded, WeightsPublished,
                                     WorkFinished)

@@ -18,8 +18,7 @@ from aspc.backends.cpu.model import TinyQwen
 from aspc.backends.cpu.rewards import build_reward
 from aspc.backends.cpu.warmstart import warm_start
 from aspc.controller import Controller, ControllerConfig
-from aspc.controller.events import (Dispatch, Finished, InstanceIdle, OptimizerStep, RunWork, SampleFinished,
-                                    Start, SyncWeights)
+from aspc.controller.events import Dispatch, InstanceIdle, OptimizerStep, RunWork, Start, SyncWeights
 from aspc.plan import ExecutionPlan
 from aspc.runtime.workers import GenerationWorker, LearnerWorker, WorkerFailed, wall_clock
 

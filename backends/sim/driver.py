@@ -241,7 +241,6 @@ class Simulation:
 
     def _run_work(self, learner: LearnerExec, work) -> float:
         stage = self.plan.stage(work.stage)
-        model = self.plan.model(stage.model)
         cost = self._learner_cost(stage)
         key = (work.step, work.samples[0], len(work.samples), stage.micro_batching, stage.parallel.dp)
         if key not in self._packed:  # reference and train pack the same unit the same way
