@@ -4,7 +4,7 @@ from __future__ import annotations
 import networkx as nx
 
 from aspc.diagnostics import DiagnosticSink
-from aspc.ir import Stage, StageGraph, StageKind
+from aspc.ir import DataSpec, Stage, StageGraph, StageKind
 from aspc.span import Span
 
 # Fields each kind must receive, and the ones it may receive besides.
@@ -33,6 +33,8 @@ GROUP_ESTIMATORS = ("grpo", "dapo", "rloo")
 
 
 def check_cycles(graph: StageGraph, sink: DiagnosticSink) -> bool:
+    if nx.is_directed_acyclic_graph(graph.nx_graph()):  # the common case, linear and cheap
+        return True
     try:
         cycle = nx.find_cycle(graph.nx_graph())
     except nx.NetworkXNoCycle:
@@ -57,6 +59,7 @@ def check_dataflow(graph: StageGraph, sink: DiagnosticSink) -> None:
         _check_train(graph, stage, sink)
     for stage in graph.stages_of(StageKind.ADVANTAGE):
         _check_advantage(graph, stage, sink)
+    _check_groups(graph, sink)
     trained = {t.model for t in graph.stages_of(StageKind.TRAIN)}
     for stage in graph.stages_of(StageKind.REFERENCE):
         _check_reference(stage, trained, sink)
@@ -84,8 +87,10 @@ def _check_inputs(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> None
         _missing(stage, field, "", sink)
 
 
-def _missing(stage: Stage, field: str, why: str, sink: DiagnosticSink) -> None:
-    sink.error(stage.span, f"stage '{stage.name}' needs input '{field}'{why} but no stage provides it",
+def _missing(stage: Stage, field: str, why: str, sink: DiagnosticSink, cause: str | None = None) -> None:
+    """A missing input; the error points at the option that asks for it (`cause`) when written."""
+    span = (stage.option_span(cause) if cause else None) or stage.span
+    sink.error(span, f"stage '{stage.name}' needs input '{field}'{why} but no stage provides it",
                f"add `{_MAKE[field]}` and pass it to '{stage.name}'")
 
 
@@ -98,9 +103,9 @@ def _check_unused(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> None
 def _check_train(graph: StageGraph, train: Stage, sink: DiagnosticSink) -> None:
     inputs = graph.inputs(train.name)
     if train.option("kl") > 0 and "ref_logprobs" not in inputs:
-        _missing(train, "ref_logprobs", f" (kl = {train.option('kl')})", sink)
+        _missing(train, "ref_logprobs", f" (kl = {train.option('kl')})", sink, "kl")
     if train.option("loss") == "ppo" and "values" not in inputs:
-        _missing(train, "values", " (ppo needs a critic)", sink)
+        _missing(train, "values", " (ppo needs a critic)", sink, "loss")
     if train.model in graph.models and graph.models[train.model].frozen_of:
         sink.error(train.span, f"stage '{train.name}' trains '{train.model}', which is frozen",
                    "train the model it is a frozen copy of")
@@ -109,27 +114,55 @@ def _check_train(graph: StageGraph, train: Stage, sink: DiagnosticSink) -> None:
         sink.error(train.span, f"stage '{train.name}' trains '{train.model}' on responses that "
                                f"'{generator.name}' generates with '{generator.model}'",
                    "on-policy RL trains the model that generates: use the same model in both")
-    if train.option("loss") in GROUP_ESTIMATORS:
-        _check_group(graph, train, f"loss {train.option('loss')}", sink)
 
 
 def _check_advantage(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> None:
-    estimator = stage.option("estimator")
-    if estimator == "gae" and "values" not in graph.inputs(stage.name):
-        _missing(stage, "values", " (gae needs a critic)", sink)
-    if estimator in GROUP_ESTIMATORS:
-        _check_group(graph, stage, f"estimator {estimator}", sink)
+    if stage.option("estimator") == "gae" and "values" not in graph.inputs(stage.name):
+        _missing(stage, "values", " (gae needs a critic)", sink, "estimator")
 
 
-def _check_group(graph: StageGraph, stage: Stage, what: str, sink: DiagnosticSink) -> None:
-    """Group-relative methods compare the responses of one prompt: they need group >= 2."""
-    for generator in _generators_upstream(graph, stage):
-        data = graph.data.get(generator.data)
-        if data is not None and data.group < 2:
-            sink.error(stage.span, f"{what} compares responses within a prompt's group, but data "
-                                   f"'{data.name}' has group = {data.group}",
-                       "set group = 2 or more in the data block",
-                       notes=[(data.span, f"data '{data.name}' is declared here")])
+def _check_groups(graph: StageGraph, sink: DiagnosticSink) -> None:
+    """Group-relative methods compare the responses of one prompt: their data needs group >= 2.
+    One error per data set, at its `group`, with a note at each option that asks for groups."""
+    users: dict[str, list[tuple[Stage, str]]] = {}
+    for stage, option in _group_relative_options(graph):
+        small = {generator.data for generator in _generators_upstream(graph, stage)
+                 if generator.data in graph.data and graph.data[generator.data].group < 2}
+        for name in small:
+            users.setdefault(name, []).append((stage, option))
+    for name, needs in sorted(users.items()):
+        _group_too_small(graph.data[name], needs, sink)
+
+
+_GROUP_OPTION = {StageKind.ADVANTAGE: "estimator", StageKind.TRAIN: "loss"}
+
+
+def _group_relative_options(graph: StageGraph) -> list[tuple[Stage, str]]:
+    """(stage, option name) for each advantage estimator and train loss that compares a group."""
+    return [(s, _GROUP_OPTION[s.kind]) for s in graph.stages()
+            if s.kind in _GROUP_OPTION and s.option(_GROUP_OPTION[s.kind]) in GROUP_ESTIMATORS]
+
+
+def _group_too_small(data: DataSpec, needs: list[tuple[Stage, str]], sink: DiagnosticSink) -> None:
+    users = [f"{option} {stage.option(option)} (stage '{stage.name}')" for stage, option in needs]
+    notes = [_group_note(stage, option) for stage, option in needs]
+    written = data.option_span("group")
+    hint = "set group = 2 or more" if written else "add `group = 8` (2 or more) to the data block"
+    sink.error(written or data.span,
+               f"data '{data.name}' has group = {data.group}{'' if written else ' (the default)'}, "
+               f"but {_and(users)} "
+               f"compare{'s' if len(users) == 1 else ''} the responses within a prompt's group",
+               hint, notes=notes)
+
+
+def _group_note(stage: Stage, option: str) -> tuple[Span, str]:
+    written = stage.option_span(option)
+    what = f"stage '{stage.name}' uses {option} {stage.option(option)}"
+    return (written, what + " here") if written else (stage.span, what + " (the default)")
+
+
+def _and(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
 def _generators_upstream(graph: StageGraph, stage: Stage) -> list[Stage]:

@@ -7,6 +7,7 @@ change returns a new StageGraph.
 from __future__ import annotations
 
 import enum
+import heapq
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
@@ -49,6 +50,16 @@ PRODUCES: dict[StageKind, str] = {
 
 def _span() -> Any:
     return field(default=None, compare=False, repr=False)
+
+
+def _option_spans() -> Any:
+    """Where each explicit option was written (`name = value` in the file, or `--set`), by name:
+    checks point their errors at the option that causes them. Not part of equality."""
+    return field(default=(), compare=False, repr=False)
+
+
+def _span_of(option_spans: tuple[tuple[str, Span], ...], name: str) -> Span | None:
+    return next((span for key, span in option_spans if key == name), None)
 
 
 @dataclass(frozen=True)
@@ -102,10 +113,14 @@ class DataSpec:
     response_lengths: Call | None = None
     prompt_lengths: Call | None = None
     span: Span | None = _span()
+    option_spans: tuple[tuple[str, Span], ...] = _option_spans()
 
     @property
     def samples_per_step(self) -> int:
         return self.prompts_per_step * self.group
+
+    def option_span(self, name: str) -> Span | None:
+        return _span_of(self.option_spans, name)
 
 
 @dataclass(frozen=True)
@@ -113,9 +128,13 @@ class ScheduleSpec:
     kind: str  # "asp" | "sync" | "sync-naive"
     options: tuple[tuple[str, Any], ...] = ()
     span: Span | None = _span()
+    option_spans: tuple[tuple[str, Span], ...] = _option_spans()
 
     def option(self, name: str, default: Any = None) -> Any:
         return dict(self.options).get(name, default)
+
+    def option_span(self, name: str) -> Span | None:
+        return _span_of(self.option_spans, name)
 
 
 @dataclass(frozen=True)
@@ -129,9 +148,13 @@ class Stage:
     parallel: Parallel = Parallel()
     options: tuple[tuple[str, Any], ...] = ()  # kind-specific, sorted by name, defaults filled in
     span: Span | None = _span()
+    option_spans: tuple[tuple[str, Span], ...] = _option_spans()
 
     def option(self, name: str, default: Any = None) -> Any:
         return dict(self.options).get(name, default)
+
+    def option_span(self, name: str) -> Span | None:
+        return _span_of(self.option_spans, name)
 
     @property
     def devices(self) -> int:
@@ -161,11 +184,10 @@ class StageGraph:
         self.data = {d.name: d for d in data}
         self.schedule = schedule or ScheduleSpec("asp")
         self._graph = nx.DiGraph()
-        self._order: list[str] | None = None  # cached stage order; builders make new graphs
-        for stage in stages:
-            self._graph.add_node(stage.name, stage=stage)
-        for flow in flows:
-            self._graph.add_edge(flow.src, flow.dst, flow=flow)
+        self._graph.add_nodes_from((stage.name, {"stage": stage}) for stage in stages)
+        self._graph.add_edges_from((flow.src, flow.dst, {"flow": flow}) for flow in flows)
+        self._ordered: list[Stage] | None = None  # cached stage order; builders make new graphs
+        self._acyclic = True  # known once the order is: whether the dataflow has no cycle
 
     # -- reading --
     def stage(self, name: str) -> Stage:
@@ -177,12 +199,17 @@ class StageGraph:
     def stages(self) -> list[Stage]:
         """Stages in a deterministic order: topological (weight back edges ignored), then by name.
         A graph with a dataflow cycle (invalid; the verifier reports it) is ordered by name."""
-        if self._order is None:
-            try:
-                self._order = list(nx.lexicographical_topological_sort(self._forward_view()))
-            except nx.NetworkXUnfeasible:
-                self._order = sorted(self._graph.nodes)
-        return [self.stage(n) for n in self._order]
+        if self._ordered is None:
+            order = _topological_order(self._graph)
+            self._acyclic = order is not None
+            nodes = self._graph.nodes
+            self._ordered = [nodes[n]["stage"] for n in (order or sorted(self._graph.nodes))]
+        return list(self._ordered)
+
+    def has_dataflow_cycle(self) -> bool:
+        """Whether stages feed each other in a loop (weight back edges are not dataflow)."""
+        self.stages()
+        return not self._acyclic
 
     def stages_of(self, kind: StageKind) -> list[Stage]:
         return [s for s in self.stages() if s.kind is kind]
@@ -208,9 +235,6 @@ class StageGraph:
     def nx_graph(self) -> nx.DiGraph:
         """A read-only view, for analyses that want networkx algorithms."""
         return self._graph.copy(as_view=True)
-
-    def _forward_view(self) -> nx.DiGraph:
-        return nx.subgraph_view(self._graph, filter_edge=lambda a, b: not _is_back_edge(self._graph, a, b))
 
     # -- building (each returns a new graph) --
     def copy(self) -> "StageGraph":
@@ -255,6 +279,27 @@ class StageGraph:
     __hash__ = None  # mutable-looking container semantics: not hashable
 
 
-def _is_back_edge(graph: nx.DiGraph, src: str, dst: str) -> bool:
+def _topological_order(graph: nx.DiGraph) -> list[str] | None:
+    """The order of networkx's lexicographical_topological_sort over the dataflow edges, in one
+    linear pass without a filtered view; None when the dataflow has a cycle."""
+    forward = {n: [m for m, edge in graph.succ[n].items() if not _is_back_edge(edge)] for n in graph}
+    waiting = dict.fromkeys(graph, 0)  # inputs not yet placed
+    for targets in forward.values():
+        for target in targets:
+            waiting[target] += 1
+    ready = [n for n, count in waiting.items() if count == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        name = heapq.heappop(ready)
+        order.append(name)
+        for target in forward[name]:
+            waiting[target] -= 1
+            if waiting[target] == 0:
+                heapq.heappush(ready, target)
+    return order if len(order) == len(waiting) else None
+
+
+def _is_back_edge(edge: dict) -> bool:
     """Weight flows from TRAIN back to generation close the RL loop; they are not dataflow."""
-    return graph.edges[src, dst]["flow"].fields == ("weights",)
+    return edge["flow"].fields == ("weights",)

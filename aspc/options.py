@@ -26,6 +26,12 @@ class OptionValues:
     values: dict[str, Any] = field(default_factory=dict)
     spans: dict[str, Span] = field(default_factory=dict)  # option name spans, explicit ones only
     value_spans: dict[str, Span] = field(default_factory=dict)
+    extents: dict[str, Span] = field(default_factory=dict)  # the whole `name = value` text
+
+    @property
+    def option_spans(self) -> tuple[tuple[str, Span], ...]:
+        """Where each explicit option was written, as the IR keeps it for later checks."""
+        return tuple(self.extents.items())
 
     def __getitem__(self, name: str) -> Any:
         return self.values[name]
@@ -52,6 +58,7 @@ def read_options(options: tuple[ast.Option, ...], specs: dict[str, OptionSpec], 
             continue
         result.spans[option.name] = option.span
         result.value_spans[option.name] = value_span(option.value)
+        result.extents[option.name] = option.extent
         result.values[option.name] = convert(option.value, spec, sink)
     for name, spec in specs.items():
         if name in result.spans:

@@ -9,7 +9,7 @@ import dataclasses
 from typing import Iterable
 
 from aspc import ast, schema
-from aspc.diagnostics import AsplError, DiagnosticSink, did_you_mean
+from aspc.diagnostics import AsplError, Diagnostic, DiagnosticSink, did_you_mean
 from aspc.parser import parse_value
 from aspc.span import Span
 
@@ -19,6 +19,43 @@ SOURCE = "<--set>"
 def overrides_source(overrides: Iterable[str]) -> str:
     """The text diagnostics quote for overrides: one per line, as the user typed them."""
     return "\n".join(overrides)
+
+
+def override_span(spec, names: Iterable[str]) -> Span | None:
+    """Where the first of these options was given with --set, if one was: an error that several
+    options cause together points at the one the user changed on the command line."""
+    spans = (spec.option_span(name) for name in names)
+    return next((span for span in spans if span is not None and span.file == SOURCE), None)
+
+
+def note_overridden_values(diagnostics: list[Diagnostic], program: ast.Program,
+                           overrides: list[str]) -> list[Diagnostic]:
+    """Diagnostics that point at a --set also show the value in the file that it replaced."""
+    replaced = _replaced_values(program, overrides)
+    return [_with_replaced_note(d, replaced) for d in diagnostics]
+
+
+def _with_replaced_note(diagnostic: Diagnostic, replaced: dict[int, tuple[Span, ...]]) -> Diagnostic:
+    notes = replaced.get(diagnostic.span.line, ()) if diagnostic.span.file == SOURCE else ()
+    return dataclasses.replace(diagnostic, notes=diagnostic.notes + notes) if notes else diagnostic
+
+
+def _replaced_values(program: ast.Program, overrides: list[str]) -> dict[int, tuple]:
+    """For each override (by its line in <--set>), notes at the values in the file it replaces."""
+    decls = list(program.decls)
+    replaced = {}
+    for line, text in enumerate(overrides, start=1):
+        target, _, option = text.partition("=")[0].strip().partition(".")
+        spans = [span for i in _targets(decls, target) for span in _written(decls[i], option)]
+        if spans:
+            replaced[line] = tuple((span, f"--set {text} replaces the value written here") for span in spans)
+    return replaced
+
+
+def _written(decl: ast.Decl, option: str) -> list[Span]:
+    if isinstance(decl, ast.Pool):
+        return [ast.value_extent(decl.count)] if option == "count" and decl.count.span else []
+    return [o.extent for o in getattr(decl, "options", ()) if o.name == option and o.extent]
 
 
 def apply_overrides(program: ast.Program, overrides: list[str], sink: DiagnosticSink) -> ast.Program:

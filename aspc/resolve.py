@@ -5,7 +5,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from aspc import ast, schema
-from aspc.diagnostics import DiagnosticSink, did_you_mean
+from aspc.diagnostics import DiagnosticSink, Suggestions, did_you_mean
 from aspc.facts import ModelArch, hardware_table, model_presets
 from aspc.ir import DataSpec, ModelSpec, PoolSpec, ScheduleSpec
 from aspc.options import INVALID, OptionValues, convert, describe, read_options
@@ -19,9 +19,17 @@ class Symbols:
     pipeline: ast.Pipeline | None = None
     schedule: ast.Schedule | None = None
     decls: dict[str, ast.Decl] = field(default_factory=dict)
+    _suggestions: dict = field(default_factory=dict)  # kind -> Suggestions, built on first use
 
     def of(self, kind: type) -> list:
         return [d for d in self.decls.values() if isinstance(d, kind)]
+
+    def suggest(self, word: str, kind: type | None = None) -> str:
+        """'did you mean ...?' among the declarations (of one kind), or ''."""
+        if kind not in self._suggestions:
+            names = self.decls if kind is None else [d.name for d in self.of(kind)]
+            self._suggestions[kind] = Suggestions(names)
+        return self._suggestions[kind].hint(word)
 
 
 def collect_symbols(program: ast.Program, sink: DiagnosticSink) -> Symbols:
@@ -141,7 +149,7 @@ def _resolve_frozen(model: ast.Model, symbols: Symbols, models: dict[str, ModelS
         return None
     target = args[0].name
     if target not in models:
-        _unknown_reference(args[0], symbols, "model", sink)
+        _unknown_reference(args[0], symbols, ast.Model, sink)
         return None
     values = read_options(model.options, schema.MODEL_FROZEN, f"model '{model.name}'", model.span, sink)
     if not values.valid("dtype"):
@@ -151,13 +159,13 @@ def _resolve_frozen(model: ast.Model, symbols: Symbols, models: dict[str, ModelS
     return replace(base, name=model.name, dtype=dtype, frozen_of=target, span=model.span)
 
 
-def _unknown_reference(name: ast.Name, symbols: Symbols, wanted: str, sink: DiagnosticSink) -> None:
+def _unknown_reference(name: ast.Name, symbols: Symbols, kind: type, sink: DiagnosticSink) -> None:
+    wanted = kind.__name__.lower()
     decl = symbols.decls.get(name.name)
     if decl is not None:
         sink.error(name.span, f"'{name.name}' is a {type(decl).__name__.lower()}, not a {wanted}")
         return
-    candidates = [n for n, d in symbols.decls.items() if type(d).__name__.lower() == wanted]
-    sink.error(name.span, f"unknown {wanted} '{name.name}'", did_you_mean(name.name, candidates))
+    sink.error(name.span, f"unknown {wanted} '{name.name}'", symbols.suggest(name.name, kind))
 
 
 def resolve_data(data: ast.Data, aspl_dir: Path | None, sink: DiagnosticSink) -> DataSpec | None:
@@ -178,7 +186,7 @@ def resolve_data(data: ast.Data, aspl_dir: Path | None, sink: DiagnosticSink) ->
     return DataSpec(data.name, data.source, location, values["prompts_per_step"], values["group"],
                     values["max_prompt"], values["max_response"], values["seed"],
                     values.values.get("size", 0), values["response_lengths"],
-                    values["prompt_lengths"], data.span)
+                    values["prompt_lengths"], data.span, values.option_spans)
 
 
 def _data_location(data: ast.Data, sink: DiagnosticSink) -> str | None:
@@ -224,4 +232,4 @@ def resolve_schedule(decl: ast.Schedule | None, file: str, sink: DiagnosticSink)
     values = read_options(decl.options, specs, f"schedule {decl.kind}", decl.span, sink)
     if not values.valid(*specs):
         return None
-    return ScheduleSpec(decl.kind, tuple(sorted(values.values.items())), decl.span)
+    return ScheduleSpec(decl.kind, tuple(sorted(values.values.items())), decl.span, values.option_spans)

@@ -6,6 +6,9 @@ import networkx as nx
 from aspc.diagnostics import DiagnosticSink
 from aspc.ir import Stage, StageGraph, StageKind
 from aspc.memory import USABLE_HBM_FRACTION, MemoryNeed, forward_need, gb, generation_need, training_need
+from aspc.overrides import override_span
+
+_DEVICE_OPTIONS = ("tp", "pp", "dp", "cp", "ep")  # the parallel degrees that shape one instance
 
 
 def check_resources(graph: StageGraph, sink: DiagnosticSink) -> None:
@@ -28,7 +31,8 @@ def _fits_pool(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> bool:
     if stage.devices <= pool.count:
         return True
     p = stage.parallel
-    sink.error(stage.span, f"stage '{stage.name}' needs {stage.devices} devices "
+    span = override_span(stage, ("instances", "tp", "pp", "dp", "cp")) or stage.span
+    sink.error(span, f"stage '{stage.name}' needs {stage.devices} devices "
                            f"(instances {stage.instances} x tp {p.tp} x pp {p.pp} x dp {p.dp} x cp {p.cp}) "
                            f"but pool '{pool.name}' has {pool.count}",
                "lower instances or a parallel degree, or enlarge the pool",
@@ -39,21 +43,21 @@ def _fits_pool(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> bool:
 def _layout_ok(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> bool:
     arch = graph.models[stage.model].arch
     p = stage.parallel
-    problems = []
+    problems = []  # (the option at fault, what is wrong)
     if arch.heads % p.tp:
-        problems.append(f"tp = {p.tp} does not divide the {arch.heads} attention heads")
+        problems.append(("tp", f"tp = {p.tp} does not divide the {arch.heads} attention heads"))
     if p.pp > arch.layers:
-        problems.append(f"pp = {p.pp} exceeds the {arch.layers} layers")
+        problems.append(("pp", f"pp = {p.pp} exceeds the {arch.layers} layers"))
     if p.ep > 1 and not arch.experts:
-        problems.append(f"ep = {p.ep} needs a mixture-of-experts model, '{stage.model}' is dense")
+        problems.append(("ep", f"ep = {p.ep} needs a mixture-of-experts model, '{stage.model}' is dense"))
     elif arch.experts and arch.experts % p.ep:
-        problems.append(f"ep = {p.ep} does not divide the {arch.experts} experts")
+        problems.append(("ep", f"ep = {p.ep} does not divide the {arch.experts} experts"))
     group = p.tp * p.dp * p.cp if stage.kind is StageKind.GENERATE else p.dp * p.cp
     if group % p.ep:
         what = "tp x dp x cp" if stage.kind is StageKind.GENERATE else "dp x cp"
-        problems.append(f"ep = {p.ep} does not divide {what} = {group}")
-    for problem in problems:
-        sink.error(stage.span, f"stage '{stage.name}': {problem}")
+        problems.append(("ep", f"ep = {p.ep} does not divide {what} = {group}"))
+    for option, problem in problems:
+        sink.error(stage.option_span(option) or stage.span, f"stage '{stage.name}': {problem}")
     return not problems
 
 
@@ -67,7 +71,7 @@ def _fits_memory(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> None:
         return
     model = graph.models[stage.model]
     p = stage.parallel
-    sink.error(stage.span,
+    sink.error(override_span(stage, _DEVICE_OPTIONS) or stage.span,
                f"{stage.kind.value} of '{stage.model}' ({model.preset}, "
                f"{model.arch.total_params() / 1e9:.1f}B parameters) with tp={p.tp} pp={p.pp} "
                f"ep={p.ep} needs {gb(need.total)} per device ({need.describe()}), but a "
@@ -103,8 +107,9 @@ def _check_micro_tokens(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -
         data = graph.data[name]
         longest = data.max_prompt + data.max_response
         if stage.option("micro_tokens") < longest:
-            sink.error(stage.span, f"micro_tokens = {stage.option('micro_tokens')} cannot hold one "
-                                   f"sequence of max_prompt + max_response = {longest} tokens",
+            sink.error(stage.option_span("micro_tokens") or stage.span,
+                       f"micro_tokens = {stage.option('micro_tokens')} cannot hold one sequence of "
+                       f"max_prompt + max_response = {longest} tokens",
                        f"set micro_tokens to {longest} or more")
 
 

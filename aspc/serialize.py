@@ -33,7 +33,8 @@ def to_dict(graph: StageGraph) -> dict[str, Any]:
 
 
 def _record(obj, **overrides) -> dict[str, Any]:
-    out = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    """The compared fields of an IR record (where options were written is for diagnostics only)."""
+    out = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.compare}
     out.update(overrides)
     out["span"] = _span(obj.span)
     return out

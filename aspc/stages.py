@@ -1,13 +1,16 @@
 """Stage declarations -> IR stages and the flows between them."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from aspc import ast, schema
 from aspc.diagnostics import DiagnosticSink, did_you_mean
 from aspc.ir import PRODUCES, DataSpec, Flow, ModelSpec, Parallel, PoolSpec, Stage, StageKind
 from aspc.options import OptionValues, describe, read_options
 from aspc.resolve import Symbols
+from aspc.span import Span
+from aspc.user_code import UserCodeError, load_function
 from aspc.values import Call
 
 # What positional inputs each kind takes besides stages: (needs a model, needs data).
@@ -27,6 +30,8 @@ class Resolved:
     pools: dict[str, PoolSpec]
     models: dict[str, ModelSpec]
     data: dict[str, DataSpec]
+    base_dir: Path | None = None  # the .aspl file's folder: Python modules are looked up there
+    loaded: dict[str, tuple[str, str] | None] = field(default_factory=dict)  # spec -> its load error
 
 
 def resolve_stage(decl: ast.Stage, env: Resolved, sink: DiagnosticSink) -> tuple[Stage | None, list[Flow]]:
@@ -45,7 +50,7 @@ def resolve_stage(decl: ast.Stage, env: Resolved, sink: DiagnosticSink) -> tuple
         return None, []
     parallel = Parallel(**{k: values.values.get(k, 1) for k in ("tp", "pp", "dp", "cp", "ep")})
     stage = Stage(decl.name, StageKind(decl.kind), model, data, pool, values.values.get("instances", 1),
-                  parallel, tuple(sorted(options.items())), decl.span)
+                  parallel, tuple(sorted(options.items())), decl.span, values.option_spans)
     return stage, [Flow(src, decl.name, (field,)) for src, field in inputs]
 
 
@@ -62,7 +67,7 @@ def _classify_inputs(decl: ast.Stage, env: Resolved, sink: DiagnosticSink):
                                  f"not {describe(arg)}", "options are written `name = value`")
         elif target is None:
             unknown = True
-            sink.error(arg.span, f"unknown name '{arg.name}'", did_you_mean(arg.name, env.symbols.decls))
+            sink.error(arg.span, f"unknown name '{arg.name}'", env.symbols.suggest(arg.name))
         elif isinstance(target, ast.Model) and wants_model and model is None:
             model = arg.name
         elif isinstance(target, ast.Data) and wants_data and data is None:
@@ -103,8 +108,8 @@ def _pool_of(decl: ast.Stage, values: OptionValues, env: Resolved, sink: Diagnos
         if decl.pool.name in env.pools:
             return decl.pool.name
         if not isinstance(env.symbols.decls.get(decl.pool.name), ast.Pool):
-            pools = [p.name for p in env.symbols.of(ast.Pool)]
-            sink.error(decl.pool.span, f"unknown pool '{decl.pool.name}'", did_you_mean(decl.pool.name, pools))
+            sink.error(decl.pool.span, f"unknown pool '{decl.pool.name}'",
+                       env.symbols.suggest(decl.pool.name, ast.Pool))
         return False
     if not _needs_devices(decl, values):
         _no_parallel_without_pool(decl, values, sink)
@@ -142,7 +147,7 @@ def _kind_options(decl, values: OptionValues, env: Resolved, data: str | None, s
     if decl.kind == "generate" and data in env.data:
         return _generate_options(values, options, env.data[data], sink)
     if decl.kind == "environment":
-        return _environment_options(values, options, sink)
+        return _environment_options(decl, values, options, env, sink)
     return options
 
 
@@ -161,6 +166,8 @@ def _reward_options(decl: ast.Stage, values: OptionValues, env: Resolved, sink) 
     else:
         sources = values["sources"]
     ok = all(_reward_model_known(s, values, env, sink) for s in sources)
+    python = [s.get("function") for s in sources if s.func == "python" and ":" in s.get("function")]
+    ok = all([_function_found(spec, "reward", decl, env, sink) for spec in python]) and ok
     return {"sources": sources} if ok else None
 
 
@@ -169,7 +176,7 @@ def _reward_model_known(source: Call, values: OptionValues, env: Resolved, sink)
     if source.func in ("model", "judge") and source.get("model") not in env.models:
         span = values.value_spans.get("sources") or values.value_spans.get("model")
         sink.error(span, f"unknown model '{source.get('model')}' in reward source",
-                   did_you_mean(source.get("model"), env.models))
+                   env.symbols.suggest(source.get("model"), ast.Model))
         ok = False
     if source.func == "python" and ":" not in source.get("function"):
         span = values.value_spans.get("sources") or values.value_spans.get("python")
@@ -199,11 +206,53 @@ def _generate_options(values: OptionValues, options: dict, data: DataSpec, sink)
     return options
 
 
-def _environment_options(values: OptionValues, options: dict, sink) -> dict | None:
+def _environment_options(decl, values: OptionValues, options: dict, env: Resolved, sink) -> dict | None:
     for tool in options["tools"]:
         if bool(tool.get("python")) == bool(tool.get("command")):
             sink.error(values.value_spans["tools"],
                        f"tool '{tool.get('name')}' needs exactly one of python = \"module:function\" "
                        "or command = \"...\"")
             return None
+    python = [(t.get("name"), t.get("python")) for t in options["tools"] if t.get("python")]
+    if not all([_function_found(spec, f"tool '{name}'", decl, env, sink) for name, spec in python]):
+        return None
     return options
+
+
+def _function_found(spec: str, user: str, decl: ast.Stage, env: Resolved, sink) -> bool:
+    """A "module:function" that a reward or tool names can be imported (beside the .aspl file
+    first); checked only when the file's folder is known (`compile_file`, the CLI)."""
+    if env.base_dir is None:
+        return True
+    if spec not in env.loaded:
+        env.loaded[spec] = _load_error(spec, env.base_dir)
+    if env.loaded[spec] is None:
+        return True
+    message, hint = env.loaded[spec]
+    span = _string_spans(decl).get(spec, decl.kind_span)
+    sink.error(span, f'{user} function "{spec}": {message}', hint)
+    return False
+
+
+def _load_error(spec: str, base_dir: Path) -> tuple[str, str] | None:
+    """None when the function loads, else (message, hint)."""
+    try:
+        load_function(spec, base_dir)
+    except UserCodeError as error:
+        return error.message, error.hint
+    return None
+
+
+def _string_spans(decl: ast.Stage) -> dict[str, Span]:
+    """Every string written in a stage's options (inside lists and calls too), by its text."""
+    found: dict[str, Span] = {}
+    pending = [o.value for o in decl.options]
+    while pending:
+        value = pending.pop(0)
+        if isinstance(value, ast.Str):
+            found.setdefault(value.value, value.span)
+        elif isinstance(value, ast.List):
+            pending += value.items
+        elif isinstance(value, ast.Call):
+            pending += [*value.args, *(o.value for o in value.kwargs)]
+    return found

@@ -44,6 +44,8 @@ def verify_problems(graph: StageGraph) -> list[str]:
 def _inserted_node_problems(graph: StageGraph, stage: Stage) -> list[str]:
     """CHANNEL: one producer, a capacity of (staleness + 1) steps. DISPATCH: one target.
     WEIGHT_SYNC: weights from one TRAIN stage to one GENERATE stage of the same model."""
+    if stage.kind not in _PASS_FIELDS:
+        return []
     producers, consumers = graph.producers(stage.name), graph.consumers(stage.name)
     where = f"{stage.kind.name} {stage.name}"
     if stage.kind is StageKind.CHANNEL:
@@ -85,6 +87,8 @@ def _produced_by(graph: StageGraph, stage: Stage) -> set[str] | None:
 
 
 def _cycle_problems(graph: StageGraph) -> list[str]:
+    if not graph.has_dataflow_cycle():
+        return []
     forward = nx.subgraph_view(graph.nx_graph(),
                                filter_edge=lambda a, b: graph.flow(a, b).fields != ("weights",))
     try:

@@ -1,5 +1,7 @@
 """Front-end speed: parse + check + lower of the largest bundled pipeline and of a generated
-5,000-line pipeline. Prints a Markdown table; figures go to bench/RESULTS.md.
+5,000-line pipeline, and `aspc check` end to end (a fresh process, warnings rendered) on generated
+programs of about 0.5 MB and 2 MB, to show that its time grows linearly with the file. Prints
+Markdown tables; figures go to bench/RESULTS.md.
 
     python bench/bench_frontend.py
 """
@@ -7,11 +9,14 @@ from __future__ import annotations
 
 import platform
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 from aspc.compiler import compile_source
-from aspc.parser import _lark
+from aspc.parser import _fast_lark, _lark
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,10 +34,50 @@ stage update{i} = train(actor{i}, gen{i}, ref_lp{i}, adv{i}) {{
 """
 
 
+# A stage nothing consumes: one warning per chain, as in the 2 MB program of issue 10.
+UNUSED = 'stage probe{i} = reward(gen{i}, rule = "exact_match")\n'
+CHECK_SIZES_MB = (0.5, 2.0)
+
+
 def generated_pipeline(lines: int) -> str:
     head = "pipeline generated\npool cpu = cpu x 2\n"
     chains = max(1, (lines - 2) // CHAIN.count("\n"))
     return head + "".join(CHAIN.format(i=i) for i in range(chains))
+
+
+def generated_with_warnings(megabytes: float) -> str:
+    """A valid program of about this size whose every chain has an unused stage (a warning)."""
+    chain = CHAIN + UNUSED
+    chains = max(1, round(megabytes * 1e6 / len(chain.format(i=1000))))
+    return "pipeline generated\npool cpu = cpu x 2\n" + "".join(chain.format(i=i) for i in range(chains))
+
+
+def check_seconds(path: Path, repeat: int) -> tuple[float, int]:
+    """Median wall time of `aspc check PATH` in a fresh process, and the bytes it printed."""
+    samples, printed = [], 0
+    for _ in range(repeat):
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "aspc.cli", "check", str(path)], capture_output=True)
+        samples.append(time.perf_counter() - start)
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+        printed = len(done.stdout) + len(done.stderr)
+    return statistics.median(samples), printed
+
+
+def check_table(repeat: int = 3) -> list[str]:
+    rows = ["| program | size | lines | warnings | `aspc check` wall (median of 3) | per MB | printed |",
+            "|---|---|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as folder:
+        for megabytes in CHECK_SIZES_MB:
+            text = generated_with_warnings(megabytes)
+            path = Path(folder) / f"generated_{megabytes}mb.aspl"
+            path.write_text(text)
+            seconds, printed = check_seconds(path, repeat)
+            size = len(text.encode()) / 1e6
+            rows.append(f"| generated, one unused stage per chain | {size:.2f} MB | {text.count(chr(10))} "
+                        f"| {text.count('stage probe')} | {seconds:.2f} s | {seconds / size:.2f} s "
+                        f"| {printed / 1e3:.1f} kB |")
+    return rows
 
 
 def median_seconds(text: str, file: str, base_dir: Path | None, repeat: int) -> float:
@@ -46,7 +91,7 @@ def median_seconds(text: str, file: str, base_dir: Path | None, repeat: int) -> 
 
 def main() -> None:
     start = time.perf_counter()
-    _lark()
+    _lark(), _fast_lark()
     grammar_ms = (time.perf_counter() - start) * 1e3
     largest = max((ROOT / "pipelines").glob("*.aspl"), key=lambda p: len(p.read_text().splitlines()))
     small = median_seconds(largest.read_text(), str(largest), largest.parent, repeat=50)
@@ -55,10 +100,12 @@ def main() -> None:
     print(f"machine: {platform.processor() or platform.machine()}, {platform.python_version()}")
     print("| input | lines | parse + check + lower (median) | aim |")
     print("|---|---|---|---|")
-    print(f"| one-time grammar load (LALR tables) | — | {grammar_ms:.0f} ms | — |")
+    print(f"| one-time grammar load (LALR tables, both lexers) | — | {grammar_ms:.0f} ms | — |")
     print(f"| `{largest.relative_to(ROOT)}` (largest bundled) | {len(largest.read_text().splitlines())} "
           f"| {small * 1e3:.1f} ms | < 50 ms |")
     print(f"| generated pipeline | {len(big_text.splitlines())} | {big:.2f} s | < 2 s |")
+    print()
+    print("\n".join(check_table()))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The command line: help, version, emitters, output files, overrides."""
 import json
+import shlex
 
 from aspc import __version__
 
@@ -52,3 +53,19 @@ def test_language_doc_has_every_option_table():
     doc = (ROOT / "docs" / "language.md").read_text()
     for table in all_tables():
         assert table in doc, "docs/language.md is out of date: regenerate with python -m aspc.docgen"
+
+
+def _readme_commands_with_set():
+    from conftest import ROOT
+
+    lines = (ROOT / "README.md").read_text().splitlines()
+    return [shlex.split(line.split("  #")[0])[1:] for line in lines
+            if line.startswith("aspc ") and "--set" in line]
+
+
+def test_readmes_set_examples_work(aspc):
+    commands = _readme_commands_with_set()
+    assert commands, "the README shows --set"
+    for args in commands:
+        result = aspc(*args)
+        assert result.exit_code == 0, result.output

@@ -103,3 +103,18 @@ def test_fuzz_through_the_cli_exits_1(aspc, tmp_path):
     result = aspc("check", str(bad))
     assert result.exit_code == 1
     assert "Traceback" not in result.output
+
+
+@FUZZ
+@given(st.one_of(mutated(), st.text(max_size=300)))
+def test_the_fast_lexer_parses_exactly_what_larks_lexer_parses(text):
+    from aspc import parser
+    from test_language import _with_spans
+
+    fast = parser._parse_fast(text, "fuzz.aspl")
+    try:
+        slow = parser._parse_tree(text, "fuzz.aspl", "start")
+    except Exception:  # noqa: BLE001 -- a syntax error: the fast path must not accept it either
+        assert fast is None
+        return
+    assert fast is not None and _with_spans(fast.children) == _with_spans(slow.children)

@@ -1,11 +1,14 @@
 """Parser and checker behaviour: values, keywords as names, overrides, defaults."""
+import dataclasses
+
 import pytest
 
-from aspc import ast
+from aspc import ast, parser
 from aspc.compiler import compile_source
 from aspc.diagnostics import AsplError
 from aspc.ir import StageKind
 from aspc.parser import parse, parse_value
+from conftest import PIPELINES
 
 TINY = """
 pipeline t
@@ -121,3 +124,75 @@ def test_ast_nodes_are_frozen():
     with pytest.raises(Exception):
         program.decls[0].name = "q"
     assert isinstance(program.decls[0], ast.Pipeline)
+
+
+def test_names_are_python_identifiers_in_any_script():
+    text = TINY.replace("pool cpu", "pool 训练").replace("on cpu", "on 训练")
+    text = text.replace("prompts", "données")
+    graph = compile_source("pipeline 管线" + text.replace("pipeline t", ""), "t.aspl").graph
+    assert graph.pipeline == "管线"
+    assert graph.stage("gen").pool == "训练" and graph.stage("gen").data == "données"
+
+
+def test_names_are_compared_after_nfkc_normalization_as_python_does():
+    program = parse("pipeline p\nstage \ufb01x = reward(fix)\n")  # U+FB01 is the 'fi' ligature
+    assert program.decls[1].name == "fix"
+
+
+def test_a_byte_order_mark_is_skipped():
+    assert parse("\ufeffpipeline p\n").decls[0].name == "p"
+    assert compile_source("\ufeff" + TINY, "t.aspl").graph.pipeline == "t"
+
+
+def test_options_keep_where_they_were_written_in_the_ir():
+    graph = compile_source(TINY, "t.aspl", ["update.lr=1e-4"]).graph
+    group = graph.data["prompts"].option_span("group")
+    assert (group.line, group.column, group.end_column) == (5, 36, 45)  # `group = 2`
+    lr = graph.stage("update").option_span("lr")
+    assert (lr.file, lr.line, lr.column, lr.end_column) == ("<--set>", 1, 8, 15)  # `lr=1e-4`
+    assert graph.stage("update").option_span("kl") is None  # not written: the default
+
+
+def test_an_error_an_override_causes_points_at_the_set_and_at_the_value_it_replaced():
+    with pytest.raises(AsplError) as info:
+        compile_source(TINY.replace("on cpu\n", "on cpu { tp = 2 }\n", 1), "t.aspl", ["gen.tp=3"])
+    [error] = info.value.diagnostics
+    assert error.message.startswith("stage 'gen' needs 3 devices (instances 1 x tp 3")
+    assert (error.span.file, error.span.line, error.span.column) == ("<--set>", 1, 5)
+    pool_note, (replaced, note) = error.notes
+    assert pool_note[1] == "pool 'cpu' is declared here"
+    assert (replaced.file, replaced.line, replaced.column) == ("t.aspl", 6, 47)
+    assert note == "--set gen.tp=3 replaces the value written here"
+
+
+TRICKY = [
+    "pipeline data\npool x = cpu x 2\nstage stage = reward(x) on pool { on = true, x = false }\n",
+    'model m = qwen2.5-7b { dtype = bf16 }\nschedule sync-naive\ndata d = jsonl("a \\"b\\" c")\n',
+    "stage s = t(a, b = [1, -2, 3.5, 1e-6, 2k, 1.5M, .5], c = f(g(1), h = [x]),)\r\n# end\n",
+    "pipeline 训练\n\tpool données = 910b3 x 8 # comment\n\n",
+    "",
+]
+
+
+@pytest.mark.parametrize("text", [p.read_text() for p in PIPELINES] + TRICKY)
+def test_the_fast_lexer_gives_what_larks_own_lexer_gives(text):
+    fast = parser._parse_fast(text, "f.aspl")
+    slow = parser._parse_tree(text, "f.aspl", "start")
+    assert fast is not None
+    assert _with_spans(fast.children) == _with_spans(slow.children)
+
+
+def _with_spans(node):
+    """A node compared with every span in it (the AST's own equality ignores spans)."""
+    if isinstance(node, (list, tuple)):
+        return [_with_spans(n) for n in node]
+    if not dataclasses.is_dataclass(node):
+        return node
+    return [type(node).__name__] + [_with_spans(getattr(node, f.name)) for f in dataclasses.fields(node)]
+
+
+def test_a_syntax_error_is_reported_by_larks_own_lexer():
+    assert parser._parse_fast("pipeline p\npool cpu = cpu x\n", "f.aspl") is None
+    with pytest.raises(AsplError) as info:
+        parse("pipeline p\npool cpu = cpu x\n", "f.aspl")
+    assert [d.message for d in info.value.diagnostics] == ["unexpected end of file; expected a value"]

@@ -5,10 +5,12 @@ and returns a number. One that raises is reported with the sample; the run does 
 """
 from __future__ import annotations
 
-import importlib
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
+
+from aspc.user_code import UserCodeError, load_function
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -56,22 +58,36 @@ class WeightedReward:
         return total
 
 
-def load_callable(spec: str) -> Callable:
-    module, _, name = spec.partition(":")
+def load_callable(spec: str, base_dir: Path | None = None) -> Callable:
+    """The user's "module:function", the module looked up beside the .aspl file (`base_dir`) first,
+    as `aspc check` finds it. It pickles as (spec, base_dir), so a Ray worker loads it the same way."""
+    base_dir = Path(base_dir).resolve() if base_dir is not None else None  # a Ray worker's cwd differs
     try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as error:
-        raise RewardError(f"cannot load reward {spec!r}: {error}") from None
+        return _UserFunction(spec, base_dir, load_function(spec, base_dir))
+    except UserCodeError as error:
+        raise RewardError(f"cannot load reward {spec!r}: {error.message}") from None
 
 
-def build_reward(sources) -> WeightedReward:
-    """From the IR's reward sources (rule(...) and python(...) calls)."""
+class _UserFunction:
+    def __init__(self, spec: str, base_dir: Path | None, function: Callable):
+        self.spec, self.base_dir, self.function, self.__name__ = spec, base_dir, function, spec
+
+    def __call__(self, *args):
+        return self.function(*args)
+
+    def __reduce__(self):
+        return load_callable, (self.spec, self.base_dir)
+
+
+def build_reward(sources, base_dir: Path | None = None) -> WeightedReward:
+    """From the IR's reward sources (rule(...) and python(...) calls); python modules are looked
+    up beside the .aspl file (`base_dir`) first."""
     built = []
     for source in sources:
         if source.func == "rule":
             built.append((RULES[source.get("name")], source.get("weight")))
         elif source.func == "python":
-            built.append((load_callable(source.get("function")), source.get("weight")))
+            built.append((load_callable(source.get("function"), base_dir), source.get("weight")))
         else:
             raise RewardError(f"the CPU backend has no {source.func}(...) reward yet; use rule or python")
     return WeightedReward(tuple(built))
