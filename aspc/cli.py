@@ -35,6 +35,9 @@ def _launch_plan(compiled):
     except ValueError as error:
         raise click.ClickException(f"cannot lower to Ascend: {error}") from None
 
+# A directory or a missing file given as FILE is our diagnostic (exit 1), not a click usage error.
+_SOURCE = click.Path()
+
 _SET_HELP = "Override an option: NAME.option=value (NAME: a stage, model, data, pool, " \
             "`schedule`, or a stage kind for all its stages). Repeatable."
 
@@ -50,14 +53,26 @@ def _pass_options(function):
     return click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=_SET_HELP)(function)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """Ctrl-C anywhere (compiling, loading torch) ends with one line and exit code 130, the shell's
+    convention, instead of click's "Aborted!" and 1; `aspc run` handles it itself to save work."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("\nstopped by Ctrl-C", err=True)
+            ctx.exit(130)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="aspc")
 def main() -> None:
     """aspc: compile RL post-training pipelines (.aspl) into adaptive scheduling pipelines."""
 
 
 @main.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("files", nargs=-1, required=True, type=_SOURCE)
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=_SET_HELP)
 def check(files: tuple[str, ...], overrides: tuple[str, ...]) -> None:
     """Parse and check FILES; print diagnostics and exit 1 on any error."""
@@ -76,7 +91,7 @@ def check(files: tuple[str, ...], overrides: tuple[str, ...]) -> None:
 
 
 @main.command("compile")
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=_SOURCE)
 @click.option("--emit", type=click.Choice(sorted(EMITTERS)), default="ir", show_default=True,
               help="ast: the formatted source; ir/json/dot: the stage graph after the passes; "
                    "plan: the execution plan (JSON); launch: the Ascend launch plan (--backend ascend).")
@@ -100,7 +115,7 @@ def compile_command(file, emit, backend, emit_after, verify, output, overrides, 
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=_SOURCE)
 @click.option("-o", "--output-dir", type=click.Path(file_okay=False), default=".", show_default=True,
               help="Where to write the schedule graph (DOT, and SVG/PNG with Graphviz).")
 @_pass_options
@@ -116,7 +131,7 @@ def inspect(file, output_dir, overrides, schedule, pipeline) -> None:
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=_SOURCE)
 @click.option("--compare", is_flag=True, help="Simulate sync-naive, sync and asp and print one table.")
 @click.option("--steps", type=click.IntRange(1, 10_000), default=20, show_default=True,
               help="Training steps to simulate.")
@@ -152,7 +167,7 @@ def simulate(file, compare, steps, trace_path, plot_path, overrides, schedule, p
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=_SOURCE)
 @click.option("--backend", type=click.Choice(["cpu", "ascend"]), default="cpu", show_default=True)
 @click.option("--runtime", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: threads on this machine; ray: Ray actors (a local Ray, or --address).")
@@ -170,22 +185,26 @@ def simulate(file, compare, steps, trace_path, plot_path, overrides, schedule, p
               help="Save checkpoints (weights, optimizer state) in this folder.")
 @click.option("--checkpoint-every", type=click.IntRange(1, 1_000_000), default=10, show_default=True,
               help="Steps between checkpoints (the last step is always saved).")
-@click.option("--resume", is_flag=True, help="Continue from the latest checkpoint in --checkpoint.")
+@click.option("--resume", is_flag=True, help="Continue from the newest intact checkpoint in --checkpoint.")
+@click.option("--threads", type=click.IntRange(1, 1024), default=None,
+              help="torch threads per worker [default: $ASPC_TORCH_THREADS, else the cores shared among "
+                   "the workers].")
 @click.option("--dry-run", is_flag=True, help="With --backend ascend: print the per-process commands and "
                                                "environment a cluster operator would launch.")
 @_pass_options
 def run(file, backend, runtime, address, steps, warmstart_steps, seed, metrics_path, trace_path, checkpoint_dir,
-        checkpoint_every, resume, dry_run, overrides, schedule, pipeline) -> None:
+        checkpoint_every, resume, threads, dry_run, overrides, schedule, pipeline) -> None:
     """Train FILE for real: the CPU backend on this machine's threads (or, with --backend ascend
-    --dry-run, print the NPU cluster's launch commands)."""
-    from aspc.runtime.cli_run import run_training
+    --dry-run, print the NPU cluster's launch commands). Exit 0 when done, 1 on an error, 130 on Ctrl-C."""
+    from aspc.runtime.cli_run import RunRequest, run_training
 
     if backend == "ascend":
         _run_ascend(file, overrides, schedule, pipeline, dry_run)
         return
     compiled = _compile(file, overrides, schedule, pipeline, None, False)
-    run_training(file, _plan(compiled, pipeline), steps, warmstart_steps, seed, metrics_path, trace_path,
-                 checkpoint_dir, checkpoint_every, resume, runtime, address)
+    request = RunRequest(file, steps, warmstart_steps, seed, metrics_path, trace_path, checkpoint_dir,
+                         checkpoint_every, resume, runtime, address, threads)
+    run_training(request, _plan(compiled, pipeline))
 
 
 def _run_ascend(file, overrides, schedule, pipeline, dry_run) -> None:
@@ -279,7 +298,7 @@ def _sources(file: str, overrides: tuple[str, ...]) -> dict[str, str]:
 
     sources = {SOURCE: overrides_source(overrides)}
     try:
-        sources[file] = Path(file).read_text(encoding="utf-8")
+        sources[file] = Path(file).read_text(encoding="utf-8-sig")  # as compile_file reads it
     except (OSError, UnicodeDecodeError):
         pass
     return sources

@@ -4,6 +4,7 @@ Contiguous spans of one kind on one track are merged."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +44,15 @@ def trace_events(spans: list[Span], process: str, pid: int) -> list[dict]:
 
 
 def write_trace(path: Path, runs: dict[str, list[Span]]) -> None:
-    """One process per run (schedule), a thread per track."""
+    """One process per run (schedule), a thread per track. Written to a temporary file and renamed
+    into place, so an interrupted write never leaves a truncated trace."""
     events = [e for pid, (name, spans) in enumerate(runs.items(), start=1)
               for e in trace_events(spans, name, pid)]
-    path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}), encoding="utf-8")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def shifted(spans: list[Span], seconds: float) -> list[Span]:
+    """The spans moved later by `seconds` (to follow a phase that came before them)."""
+    return [Span(s.track, s.start + seconds, s.end + seconds, s.category, s.label) for s in spans]

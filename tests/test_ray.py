@@ -109,3 +109,31 @@ def test_an_instance_that_keeps_failing_ends_the_run_with_a_clear_message():
     runtime.restarts = {1: MAX_RESTARTS}
     with pytest.raises(WorkerFailed, match=f"generation instance 1 failed {MAX_RESTARTS + 1} times"):
         runtime._act(RestartInstance(1))
+
+
+def test_ray_run_errors_and_ctrl_c_are_one_message(tmp_path):
+    """Under --runtime ray as under the local runtime: a bad data row is one located message (exit
+    1); Ctrl-C mid-training saves the finished steps and a checkpoint (exit 130); no traceback."""
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "d.jsonl").write_text('{"prompt": 3}\n')
+    bad = tmp_path / "bad.aspl"
+    bad.write_text((ROOT / "pipelines" / "tiny_grpo.aspl").read_text().replace('synthetic("arith")', 'jsonl("d.jsonl")'))
+    base = [sys.executable, "-m", "aspc.cli", "run", "--runtime", "ray", "--warmstart", "0",
+            "--metrics", str(tmp_path / "m.jsonl")]
+    failed = subprocess.run([*base, str(bad)], capture_output=True, text=True, timeout=300)
+    assert failed.returncode == 1 and "d.jsonl:1" in failed.stderr and "Traceback" not in failed.stderr
+    process = subprocess.Popen([*base, str(ROOT / "pipelines" / "tiny_grpo.aspl"), "--steps", "100000",
+                                "--checkpoint", str(tmp_path / "ck"), "--checkpoint-every", "1000"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None and not (
+            (tmp_path / "m.jsonl").exists() and len((tmp_path / "m.jsonl").read_text().splitlines()) >= 2):
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=180)
+    assert process.returncode == 130, err
+    assert "stopped by Ctrl-C after step" in err and "Traceback" not in err
+    assert (tmp_path / "ck" / "latest").exists()

@@ -1,5 +1,12 @@
 """Real RL training on the CPU backend: it learns, staleness 0 equals sync, and asp converges
-like sync. Fixed seeds; these run for a minute or two in CI."""
+like sync. These run for a few minutes in CI.
+
+Learning is asserted for more than one seed (the seed stands in for a machine's floating-point
+differences), with the margin the seed sweep in bench/RESULTS.md justifies: over seeds 0-7 under
+sync and asp, 100 RL steps raised held-out accuracy by at least +0.043 (`python
+bench/bench_seeds.py`). ASPC_TRAINING_SEEDS=0,1,2,... runs these tests for other seeds."""
+import os
+
 import pytest
 
 from aspc.runtime.local import LocalRuntime, RunOptions
@@ -7,9 +14,14 @@ from aspc.toolchain import compile_with_passes
 from conftest import ROOT
 
 
-def train(pipeline, steps, schedule=None, overrides=(), evaluate=False):
+RL_STEPS = 100
+SEEDS = [int(s) for s in os.environ.get("ASPC_TRAINING_SEEDS", "0,4").split(",")]
+MARGIN = 0.02  # half the smallest rise of the sweep
+
+
+def train(pipeline, steps, schedule=None, overrides=(), evaluate=False, seed=0):
     plan = compile_with_passes(ROOT / "pipelines" / pipeline, list(overrides), schedule).plan()
-    runtime = LocalRuntime(plan, ROOT / "pipelines", RunOptions(steps=steps, warmstart_steps=200))
+    runtime = LocalRuntime(plan, ROOT / "pipelines", RunOptions(steps=steps, warmstart_steps=200, seed=seed))
     runtime.build()
     before = runtime.accuracy(256) if evaluate else None
     result = runtime.run()
@@ -28,31 +40,38 @@ def test_asp_with_staleness_zero_trains_identically_to_sync():
 
 
 @pytest.fixture(scope="module")
-def sixty_steps():
-    return {schedule: train("tiny_grpo.aspl", 60, schedule, evaluate=True) for schedule in ("sync", "asp")}
+def trained():
+    return {(seed, schedule): train("tiny_grpo.aspl", RL_STEPS, schedule, evaluate=True, seed=seed)
+            for seed in SEEDS for schedule in ("sync", "asp")}
 
 
-def test_grpo_reward_rises_over_the_warm_start(sixty_steps):
-    for schedule, (result, before, after) in sixty_steps.items():
-        assert after > before + 0.03, f"{schedule}: greedy accuracy {before:.3f} -> {after:.3f}"
+def test_grpo_accuracy_rises_over_the_warm_start_for_every_seed(trained):
+    for (seed, schedule), (result, before, after) in trained.items():
+        assert after > before + MARGIN, f"seed {seed}, {schedule}: greedy accuracy {before:.3f} -> {after:.3f}"
         first = sum(m["reward"] for m in result.metrics[:10]) / 10
         last = sum(m["reward"] for m in result.metrics[-10:]) / 10
-        assert last > first, f"{schedule}: sampled reward {first:.3f} -> {last:.3f}"
+        assert last > first, f"seed {seed}, {schedule}: sampled reward {first:.3f} -> {last:.3f}"
 
 
-def test_asp_with_staleness_one_converges_like_sync(sixty_steps):
+def test_asp_with_staleness_one_converges_like_sync(trained):
     """The published claim, unchanged convergence: over the same samples, asp's final held-out
-    accuracy is not worse than sync's by more than 0.1 (seen: 0.44 against 0.36)."""
-    (_, _, sync_after), (asp_result, _, asp_after) = sixty_steps["sync"], sixty_steps["asp"]
-    assert asp_after >= sync_after - 0.1
-    assert max(m["staleness_mean"] for m in asp_result.metrics) <= 1.0
+    accuracy is not worse than sync's by more than 0.1 (the sweep: -0.05 at worst)."""
+    for seed in SEEDS:
+        (_, _, sync_after), (asp_result, _, asp_after) = trained[seed, "sync"], trained[seed, "asp"]
+        assert asp_after >= sync_after - 0.1, f"seed {seed}: asp {asp_after:.3f}, sync {sync_after:.3f}"
+        assert max(m["staleness_mean"] for m in asp_result.metrics) <= 1.0
 
 
-def test_ppo_with_a_critic_trains():
-    result, _, _ = train("tiny_ppo.aspl", 6)
-    assert len(result.metrics) == 6
+def test_ppo_with_a_critic_learns():
+    """The sweep (tiny_ppo, seeds 0-7, sync and asp): the sampled reward rose by 0.11 to 0.22
+    between the first and the last 10 of 100 steps."""
+    result, _, _ = train("tiny_ppo.aspl", RL_STEPS, seed=SEEDS[-1])
+    assert len(result.metrics) == RL_STEPS
     assert all(m["grad_norm"] == m["grad_norm"] for m in result.metrics)  # no NaN
     assert all(m["samples"] == 32 for m in result.metrics)
+    first = sum(m["reward"] for m in result.metrics[:10]) / 10
+    last = sum(m["reward"] for m in result.metrics[-10:]) / 10
+    assert last > first + 0.05, f"sampled reward {first:.3f} -> {last:.3f}"
 
 
 def test_aspc_run_command(aspc, tmp_path):

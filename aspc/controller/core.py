@@ -27,7 +27,7 @@ class Controller:
         self.learner = Learner(config)
         self.staleness = Counter()  # staleness (u - v) of every sample trained
         self.used: set = set()  # samples delivered to training
-        self.finished = False
+        self.finished = start_version >= config.steps  # resumed at the end: nothing to do
 
     def handle(self, event) -> list:
         handler = getattr(self, "_on_" + type(event).__name__)
@@ -60,7 +60,8 @@ class Controller:
     def _on_WeightsPublished(self, event: WeightsPublished) -> list:
         self.version = event.version
         actions = []
-        if self.config.checkpoint_every and event.version % self.config.checkpoint_every == 0:
+        every = self.config.checkpoint_every
+        if every and (event.version % every == 0 or event.version >= self.config.steps):
             actions.append(Checkpoint(event.version))
         if event.version >= self.config.steps:
             self.finished = True

@@ -3,11 +3,11 @@ threads, the CPU backend's real model underneath. `aspc run --runtime local` (th
 from __future__ import annotations
 
 import copy
-import json
 import queue
 import threading
 import zlib
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from aspc.backends.cpu.data import PromptSource
@@ -16,12 +16,15 @@ from aspc.backends.cpu.slots import default_slots
 from aspc.backends.cpu.learner import Learner, Rollout, TrainSettings
 from aspc.backends.cpu.model import TinyQwen
 from aspc.backends.cpu.rewards import build_reward
+from aspc.backends.cpu.threads import use_threads
 from aspc.backends.cpu.warmstart import warm_start
 from aspc.controller import Controller, ControllerConfig
-from aspc.controller.events import Dispatch, InstanceIdle, OptimizerStep, RunWork, Start, SyncWeights
+from aspc.controller.events import (Checkpoint, Dispatch, Finished, InstanceIdle, OptimizerStep, RunWork,
+                                    Start, SyncWeights, WeightsPublished)
 from aspc.plan import ExecutionPlan
+from aspc.runtime.metrics_file import MetricsFile, interrupts_held
+from aspc.runtime.threads import threads_per_worker
 from aspc.runtime.workers import GenerationWorker, LearnerWorker, WorkerFailed, wall_clock
-
 
 
 @dataclass
@@ -35,6 +38,7 @@ class RunOptions:
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 10
     resume: bool = False
+    threads: int | None = None  # torch threads per worker; None: a share of the cores (threads.py)
 
 
 @dataclass
@@ -47,8 +51,9 @@ class RunResult:
 
 class LocalRuntime:
     def __init__(self, plan: ExecutionPlan, base_dir: Path | None, options: RunOptions):
-        self.plan, self.options = plan, options
-        self.config = ControllerConfig.from_plan(plan, options.steps)
+        self.plan, self.options, self.base_dir = plan, options, base_dir
+        every = options.checkpoint_every if options.checkpoint_dir is not None else 0
+        self.config = ControllerConfig.from_plan(plan, options.steps, every)
         self.gen_stage, self.train_stage = plan.stages_of("generate")[0], plan.stages_of("train")[0]
         self.data = plan.dataset(self.gen_stage.data)
         self.prompts = PromptSource(self.data.source, self.data.location, self.data.seed,
@@ -59,6 +64,10 @@ class LocalRuntime:
         self.weights: dict[int, dict] = {}
         self.step_metrics: dict[int, dict] = {}
         self.clock = wall_clock()
+        self.warmstart_s = 0.0
+        self.resume_notes: list[str] = []  # what resuming chose and skipped, for the user
+        self.resumed = None  # the checkpoint folder a resumed run continues from
+        self.stopped = False
 
     # ---- building ----
     def accuracy(self, count: int = 128) -> float:
@@ -73,18 +82,22 @@ class LocalRuntime:
 
     def build(self) -> None:
         self._check_supported()
+        self.threads = threads_per_worker(self.config.instances + 1, self.options.threads)
         actor_plan = self.plan.model(self.train_stage.model)
         self.actor = TinyQwen(actor_plan.arch, seed=self.options.seed)
         resume_from = self._resume_point()
-        if self.options.warmstart_steps and resume_from is None:
-            warm_start(self.actor, self.prompts, self.options.warmstart_steps, on_step=self.options.on_warmstart)
         self.reward_fn = self._reward()
+        if self.options.warmstart_steps and resume_from is None:
+            self._warm_start()
+        use_threads(self.threads)
         self.learner = Learner(self.actor, self._reference(), self._critic(), self._settings(), self.reward_fn)
         self.start_version = self._load(resume_from) if resume_from else 0
+        self.metrics_file = MetricsFile(self.options.metrics_path, self.start_version if resume_from else None)
         self.weights[self.start_version] = copy.deepcopy(self.actor.state_dict())
         saver = self._save if self.options.checkpoint_dir else None
         self.learner_worker = LearnerWorker(self.learner, self._rollouts, self.weights, self.step_metrics,
                                             self.events, self.clock, saver)
+        self.learner_worker.completed = self.learner_worker.saved = self.start_version
         slots = default_slots(self.data.samples_per_step, self.config.instances, self.data.group)
         options = dict(self.gen_stage.options)
         self.gen_workers = []
@@ -98,6 +111,13 @@ class LocalRuntime:
         self.controller = Controller(self.config, lambda step, p: len(self._prompt(step, p).ids),
                                      self.start_version)
 
+    def _warm_start(self) -> None:
+        """Before the workers exist the main thread may use every core it is given."""
+        use_threads(threads_per_worker(1, self.options.threads))
+        start = self.clock()
+        warm_start(self.actor, self.prompts, self.options.warmstart_steps, on_step=self.options.on_warmstart)
+        self.warmstart_s = self.clock() - start
+
     # ---- checkpoints ----
     def _check_supported(self) -> None:
         if dict(self.train_stage.options).get("epochs", 1) != 1:
@@ -106,11 +126,39 @@ class LocalRuntime:
             raise ValueError("environment stages (agentic RL) are not executed by the CPU backend yet")
 
     def _resume_point(self):
+        """The newest intact checkpoint of this run's configuration, or None (a fresh start)."""
         from aspc.backends.cpu import checkpoint
 
-        if not self.options.resume or self.options.checkpoint_dir is None:
+        directory = self.options.checkpoint_dir
+        if not self.options.resume or directory is None:
             return None
-        return checkpoint.latest(self.options.checkpoint_dir)
+        point = checkpoint.find_resume_point(directory)
+        if point is None:
+            self.resume_notes.append(f"no checkpoint in {directory}: starting from step 0")
+            return None
+        self._check_same_run(point, checkpoint.read_manifest(point.path).get("config", {}))
+        self.resume_notes += [f"skipped {why}" for why in point.skipped]
+        self.resumed = point.path
+        return point.path
+
+    def _check_same_run(self, point, saved: dict) -> None:
+        from aspc.backends.cpu.checkpoint import CheckpointError
+
+        now = self._fingerprint()
+        different = [f"{key}: {saved.get(key)!r} in the checkpoint, {now[key]!r} now"
+                     for key in now if saved.get(key) != now[key]]
+        if different:
+            raise CheckpointError(
+                f"{point.path} belongs to another run (" + "; ".join(different) + "); resume with the "
+                "pipeline and options that wrote it, or start afresh with another --checkpoint folder")
+
+    def _fingerprint(self) -> dict:
+        """What must not change between a checkpoint and the run that resumes from it."""
+        d = self.data
+        return {"pipeline": self.plan.pipeline, "schedule": self.plan.schedule, "seed": self.options.seed,
+                "models": {m.name: repr(m.arch) for m in self.plan.models},
+                "data": f"{d.source}({d.location!r}) seed={d.seed} prompts_per_step={d.prompts_per_step} "
+                        f"group={d.group}"}
 
     def _parts(self):
         l = self.learner
@@ -120,29 +168,31 @@ class LocalRuntime:
     def _save(self, version: int) -> None:
         from aspc.backends.cpu import checkpoint
 
-        every = self.options.checkpoint_every
-        if version % every and version != self.config.steps and not getattr(self, "_final", False):
-            return
         models, optimizers = self._parts()
         checkpoint.save(self.options.checkpoint_dir, version, models, optimizers,
-                        {"pipeline": self.plan.pipeline, "schedule": self.plan.schedule})
+                        {"pipeline": self.plan.pipeline, "schedule": self.plan.schedule,
+                         "config": self._fingerprint()})
 
     def _load(self, path) -> int:
         from aspc.backends.cpu import checkpoint
 
         models, optimizers = self._parts()
-        version = checkpoint.load(path, models, optimizers)["version"]
-        _truncate(self.options.metrics_path, version)
-        return version
+        return checkpoint.load(path, models, optimizers)["version"]
 
     def save_now(self) -> int | None:
-        """After the workers stopped (Ctrl-C): checkpoint the last published version."""
-        version = self.learner_worker.completed
-        if self.options.checkpoint_dir is None or version is None:
+        """After an interruption, once the workers stopped: record the metrics of every step the
+        learner finished, then checkpoint the last one (None: there was nothing to save)."""
+        worker = getattr(self, "learner_worker", None)
+        if worker is None or getattr(self, "result", None) is None:
             return None
-        self._final = True
-        self._save(version)
-        return version
+        for version in range(self.recorded + 1, worker.completed + 1):
+            self._record(version - 1)
+        if self.options.checkpoint_dir is None:
+            return None
+        if worker.saved != worker.completed:
+            self._save(worker.completed)
+            worker.saved = worker.completed
+        return worker.saved
 
     def _reference(self):
         stages = self.plan.stages_of("reference")
@@ -161,7 +211,7 @@ class LocalRuntime:
 
     def _reward(self):
         stages = self.plan.stages_of("reward")
-        return build_reward(dict(stages[0].options)["sources"])
+        return build_reward(dict(stages[0].options)["sources"], self.base_dir)
 
     def _settings(self) -> TrainSettings:
         t = dict(self.train_stage.options)
@@ -190,43 +240,57 @@ class LocalRuntime:
         return out
 
     # ---- running ----
+    @property
+    def complete(self) -> bool:
+        """Resumed from a checkpoint at or past the last step: nothing is left to train."""
+        return self.start_version >= self.config.steps
+
     def run(self) -> RunResult:
+        """The RL phase; its clock starts here (the warm start is timed apart, `warmstart_s`)."""
         self.rollouts: dict = {}
-        self.trained: dict[int, list] = {}
-        result = RunResult()
+        self.result = result = RunResult()
+        self.recorded = self.start_version
+        self.notes = [note for note in [self.metrics_file.open()] if note]
+        self.clock.reset()
+        if self.complete:
+            return result
         for worker in [self.learner_worker, *self.gen_workers]:
+            worker.setup = partial(use_threads, self.threads)
             worker.start()
         try:
             self._handle(Start())
             for worker in self.gen_workers:
                 self._handle(InstanceIdle(worker.index, self.slots))
-            self._loop(result)
+            self._loop()
+            self._stop(drain=True)  # the learner writes the final checkpoint first
         finally:
             self._stop()
         result.wall_s = self.clock()
         result.spans = self.spans()
         return result
 
-    def _loop(self, result: RunResult) -> None:
-        last_published = self.start_version
+    def _loop(self) -> None:
         while not self.controller.finished:
             event = self.events.get()
             if isinstance(event, tuple) and event[0] == "error":
                 _, name, error, _trace = event
                 raise WorkerFailed(f"{name}: {type(error).__name__}: {error}")
+            if isinstance(event, WeightsPublished):  # the row is on disk before any checkpoint of it
+                self._record(event.version - 1)
             self._handle(event)
-            if self.controller.version > last_published:
-                last_published = self.controller.version
-                self._record(result, last_published - 1)
 
-    def _record(self, result: RunResult, step: int) -> None:
-        metrics = {"step": step + 1, **self.step_metrics.get(step, {}), "wall_s": round(self.clock(), 3)}
+    def _record(self, step: int) -> None:
+        wall = round(self.clock(), 3)
+        metrics = {"step": step + 1, **self.step_metrics.get(step, {}), "wall_s": wall}
         stale = [s for (u, _, _), s in self._staleness_of(step)]
         metrics["staleness_mean"] = sum(stale) / len(stale) if stale else 0.0
-        result.metrics.append(metrics)
-        if self.options.metrics_path is not None:
-            with open(self.options.metrics_path, "a", encoding="utf-8") as out:
-                out.write(json.dumps(metrics) + "\n")
+        previous = self.result.metrics[-1]["wall_s"] if self.result.metrics else 0.0
+        tokens = metrics.get("samples", 0) * metrics.get("response_len", 0)
+        metrics["tokens_per_s"] = round(tokens / max(wall - previous, 1e-9), 1)
+        with interrupts_held():  # a Ctrl-C cannot fall between the row and `recorded`
+            self.metrics_file.append(metrics)
+            self.recorded = step + 1
+        self.result.metrics.append(metrics)
         if self.options.on_step is not None:
             self.options.on_step(step + 1, metrics)
 
@@ -248,6 +312,10 @@ class LocalRuntime:
             self.learner_worker.inbox.put(("optimizer", action.step))
         elif isinstance(action, SyncWeights):
             self.gen_workers[action.instance].inbox.put(("sync", action.version))
+        elif isinstance(action, Checkpoint):
+            self.learner_worker.inbox.put(("checkpoint", action.step))
+        elif not isinstance(action, Finished):
+            raise TypeError(f"the local runtime cannot carry out {action!r}")
 
     def _seed(self, sample) -> int:
         return zlib.crc32(repr((self.data.seed, self.options.seed, sample)).encode())
@@ -257,20 +325,20 @@ class LocalRuntime:
         return [s for w in [self.learner_worker, *self.gen_workers] for s in list(w.spans)]
 
     def stop_workers(self) -> None:
-        self._stop()
+        if hasattr(self, "learner_worker"):
+            self._stop()
 
-    def _stop(self) -> None:
-        for worker in self.gen_workers:
+    def _stop(self, drain: bool = False) -> None:
+        """Stop the workers. `drain`: the learner first finishes what it was given (the final
+        checkpoint); otherwise (an interruption) it stops after the message at hand. Once."""
+        if self.stopped:
+            return
+        workers = [self.learner_worker, *self.gen_workers]
+        for worker in workers:
+            if not drain:
+                worker.stopping.set()
             worker.inbox.put(("stop", None))
-        self.learner_worker.inbox.put(("stop", None))
-        for worker in [self.learner_worker, *self.gen_workers]:
-            worker.join(timeout=10)
-
-
-def _truncate(metrics_path: Path | None, version: int) -> None:
-    """Resuming at `version`: forget the metrics of steps after it (they are trained again)."""
-    if metrics_path is None or not metrics_path.exists():
-        return
-    kept = [line for line in metrics_path.read_text().splitlines()
-            if line.strip() and json.loads(line)["step"] <= version]
-    metrics_path.write_text("".join(line + "\n" for line in kept))
+        for worker in workers:
+            if worker.is_alive():
+                worker.join(timeout=120 if worker is self.learner_worker else 10)
+        self.stopped = True

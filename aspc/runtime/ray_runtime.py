@@ -35,10 +35,18 @@ def start_ray(address: str | None):
     return ray
 
 
+def _one_thread() -> None:
+    """A CPU actor holds a fraction of a core (CPU_SHARE): one torch thread, never one per core."""
+    from aspc.backends.cpu.threads import use_threads
+
+    use_threads(1)
+
+
 class _GeneratorActor:
     """Inside a Ray worker: the CPU backend's generator for one instance."""
 
     def __init__(self, generator, state):
+        _one_thread()
         self.generator = generator
         self.generator.load_weights(state)
 
@@ -93,6 +101,7 @@ class _LearnerActor:
     """Inside a Ray worker: the learner, keeping each sample's rollout between its stages."""
 
     def __init__(self, learner):
+        _one_thread()
         self.learner, self.rollouts = learner, {}
 
     def run(self, method, rollouts):
@@ -176,9 +185,11 @@ class RayRuntime(LocalRuntime):
                                                                       self.ray.put(self.weights[version]))
         return RemoteGenerator(self.ray, actor)
 
-    def _stop(self) -> None:
-        """Stop the worker threads, then free the actors and the placement group."""
-        super()._stop()
+    def _stop(self, drain: bool = False) -> None:
+        """Stop the worker threads, then free the actors and the placement group (once)."""
+        if self.stopped:
+            return
+        super()._stop(drain)
         from ray.util.placement_group import remove_placement_group
 
         actors = [w.generator.actor for w in self.gen_workers if isinstance(w.generator, RemoteGenerator)]

@@ -23,9 +23,13 @@ class Worker(threading.Thread):
         self.events, self.clock = events, clock
         self.spans: list[Span] = []
         self.stopping = threading.Event()
+        self.setup = None  # called on the worker's own thread first: sets its torch thread count
+        self.torch_threads = None  # what setup returned
 
     def run(self) -> None:
         try:
+            if self.setup is not None:
+                self.torch_threads = self.setup()
             self.loop()
         except Exception as error:  # reported to the main loop, which ends the run cleanly
             self.events.put(("error", self.name, error, traceback.format_exc()))
@@ -88,8 +92,9 @@ class GenerationWorker(Worker):
 
 
 class LearnerWorker(Worker):
-    """Runs learner work in order; after each optimizer step it publishes the new weights and,
-    when due, writes a checkpoint (`checkpoint(version)`) before anyone can see the version."""
+    """Runs learner work in order; after each optimizer step it publishes the new weights. A
+    ("checkpoint", version) message writes a checkpoint (`checkpoint(version)`): the controller
+    asks for it after the step's metrics are recorded, and nothing changes the weights between."""
 
     def __init__(self, learner, rollouts, weights: dict, metrics: dict, events, clock, checkpoint=None):
         super().__init__("learner", events, clock)
@@ -97,14 +102,17 @@ class LearnerWorker(Worker):
         self.checkpoint = checkpoint
         self.trained: dict[int, list] = {}  # step -> sample ids trained in it
         self.completed = None  # the last version published
+        self.saved = None  # the last version checkpointed
 
     def loop(self) -> None:
         while True:
             kind, payload = self.inbox.get()
-            if kind == "stop":
+            if kind == "stop" or self.stopping.is_set():  # stopping: interrupted, drop queued work
                 return
             start = self.clock()
-            if kind == "work":
+            if kind == "checkpoint":
+                self.save(payload)
+            elif kind == "work":
                 getattr(self.learner, _METHODS[payload.kind])(self.rollouts(sorted(payload.samples)))
                 if payload.kind == "train":
                     self.trained.setdefault(payload.step, []).extend(payload.samples)
@@ -114,16 +122,33 @@ class LearnerWorker(Worker):
                 self.metrics[payload] = self.learner.optimizer_step()
                 self.metrics[payload]["trained"] = sorted(self.trained.pop(payload, []))
                 self.weights[payload + 1] = self.learner.snapshot()
-                if self.checkpoint is not None:
-                    self.checkpoint(payload + 1)
                 self.completed = payload + 1
                 self.span(start, "useful", f"optimizer step {payload}")
                 self.events.put(WeightsPublished(payload + 1))
+
+    def save(self, version: int) -> None:
+        if self.checkpoint is None:
+            return
+        assert version == self.completed, f"checkpoint of step {version} asked at step {self.completed}"
+        self.checkpoint(version)
+        self.saved = version
 
 
 _METHODS = {"reward": "reward", "reference": "reference", "critic": "values", "train": "train"}
 
 
-def wall_clock():
-    origin = time.perf_counter()
-    return lambda: time.perf_counter() - origin
+class Clock:
+    """Seconds since the clock was started or last reset (the RL phase starts at a reset)."""
+
+    def __init__(self):
+        self.origin = time.perf_counter()
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.origin
+
+    def reset(self) -> None:
+        self.origin = time.perf_counter()
+
+
+def wall_clock() -> Clock:
+    return Clock()

@@ -1,17 +1,36 @@
-"""Checkpoints: model weights as safetensors, optimizer state with torch.save, a JSON manifest.
+"""Checkpoints: model weights as safetensors, optimizer state with torch.save, a JSON manifest
+that records a SHA-256 of every file and the run's configuration.
 
 A checkpoint is written to a temporary folder and renamed into place, then the `latest` file is
-replaced atomically, so a run killed at any moment leaves the previous checkpoint intact.
+replaced atomically, so a run killed at any moment leaves the previous checkpoint intact. Resuming
+does not trust `latest`: it walks the step folders from the newest down and takes the first whose
+files match their checksums, saying which ones it skipped and why.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+_STEP = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(Exception):
+    """A checkpoint cannot be used (message: which one, why, what to do)."""
+
+
+@dataclass
+class ResumePoint:
+    path: Path
+    version: int
+    skipped: list[str] = field(default_factory=list)  # "step-000010: why it was not used"
 
 
 def save(directory: Path, version: int, models: dict, optimizers: dict, extra: dict) -> Path:
@@ -27,7 +46,9 @@ def save(directory: Path, version: int, models: dict, optimizers: dict, extra: d
     for name, optimizer in optimizers.items():
         if optimizer is not None:
             torch.save(optimizer.state_dict(), tmp / f"{name}.optimizer.pt")
-    (tmp / "manifest.json").write_text(json.dumps({"version": version, **extra}, indent=2))
+    files = {p.name: _sha256(p) for p in sorted(tmp.iterdir())}
+    manifest = {"version": version, **extra, "files": files}
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     pointer = directory / ".latest.tmp"
@@ -36,19 +57,82 @@ def save(directory: Path, version: int, models: dict, optimizers: dict, extra: d
     return final
 
 
-def latest(directory: Path) -> Path | None:
-    pointer = directory / "latest"
-    if not pointer.exists():
-        return None
-    path = directory / pointer.read_text().strip()
-    return path if (path / "manifest.json").exists() else None
+def find_resume_point(directory: Path) -> ResumePoint | None:
+    """The newest intact checkpoint in `directory` (None: there is none), with the reasons the
+    newer ones were skipped."""
+    skipped = []
+    for version, path in sorted(_step_folders(directory), reverse=True):
+        problem = verify(path)
+        if problem is None:
+            return ResumePoint(path, version, skipped + _pointer_note(directory, path))
+        skipped.append(f"{path.name}: {problem}")
+    if skipped:
+        raise CheckpointError(f"{directory}: no intact checkpoint (" + "; ".join(skipped) + "); start a new "
+                              "run without --resume, or point --checkpoint at another folder")
+    return None
+
+
+def verify(path: Path) -> str | None:
+    """Why the checkpoint in `path` cannot be used, or None when every file matches its checksum."""
+    try:
+        manifest = read_manifest(path)
+    except CheckpointError as error:
+        return str(error)
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        return "its manifest lists no checksums (written by an older aspc)"
+    for name, digest in files.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if _sha256(file) != digest:
+            return f"{name} is damaged (checksum mismatch, {file.stat().st_size} bytes)"
+    return None
+
+
+def read_manifest(path: Path) -> dict:
+    try:
+        manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError("manifest.json is missing") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"manifest.json is unreadable ({type(error).__name__})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("version"), int):
+        raise CheckpointError("manifest.json has no version")
+    return manifest
 
 
 def load(path: Path, models: dict, optimizers: dict) -> dict:
-    for name, model in models.items():
-        if model is not None:
-            model.load_state_dict(load_file(str(path / f"{name}.safetensors")))
-    for name, optimizer in optimizers.items():
-        if optimizer is not None:
-            optimizer.load_state_dict(torch.load(path / f"{name}.optimizer.pt", weights_only=False))
-    return json.loads((path / "manifest.json").read_text())
+    try:
+        for name, model in models.items():
+            if model is not None:
+                model.load_state_dict(load_file(str(path / f"{name}.safetensors")))
+        for name, optimizer in optimizers.items():
+            if optimizer is not None:
+                optimizer.load_state_dict(torch.load(path / f"{name}.optimizer.pt", weights_only=False))
+    except Exception as error:  # damaged in a way the checksums did not catch, or another model's
+        raise CheckpointError(f"{path}: cannot load the checkpoint: {type(error).__name__}: "
+                              f"{str(error).splitlines()[0] if str(error) else ''}") from None
+    return read_manifest(path)
+
+
+def _step_folders(directory: Path) -> list[tuple[int, Path]]:
+    if not directory.is_dir():
+        return []
+    return [(int(m.group(1)), p) for p in directory.iterdir() if p.is_dir() and (m := _STEP.match(p.name))]
+
+
+def _pointer_note(directory: Path, chosen: Path) -> list[str]:
+    pointer = directory / "latest"
+    if not pointer.exists():
+        return []
+    named = pointer.read_text(errors="replace").strip()
+    return [] if named == chosen.name else [f"latest: it names {named!r}, which is not the newest intact checkpoint"]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

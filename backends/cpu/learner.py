@@ -22,7 +22,8 @@ class Rollout:
     prompt_text: str
     answer: str | None
     metadata: dict = field(default_factory=dict)
-    reward: float = 0.0
+    reward: float = 0.0  # what the advantage uses: the task's reward plus any shaping
+    task_reward: float = 0.0  # the reward functions' score alone
     ref_logprobs: list[float] | None = None
     values: list[float] | None = None
     key: tuple | None = None  # the sample id, so a remote learner can keep its copy
@@ -56,14 +57,15 @@ class Learner:
         self.optimizer = torch.optim.AdamW(actor.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
         self.critic_optimizer = None if critic is None else torch.optim.AdamW(critic.parameters(),
                                                                               lr=settings.critic_lr)
-        self.step_stats = _StepStats()
+        self.shaped = settings.loss == "dapo" and settings.overlong > 0  # DAPO's overlong shaping
+        self.step_stats = _StepStats(self.shaped)
 
     # ---- forward stages ----
     def reward(self, rollouts: list[Rollout]) -> None:
         for r in rollouts:
             text = _decode(r.response)
-            r.reward = self.reward_fn(r.prompt_text, text, r.answer, r.metadata)
-            if self.s.loss == "dapo":
+            r.task_reward = r.reward = self.reward_fn(r.prompt_text, text, r.answer, r.metadata)
+            if self.shaped:
                 r.reward += overlong_penalty(len(r.response), self.s.max_tokens, self.s.overlong)
 
     @torch.no_grad()
@@ -123,7 +125,7 @@ class Learner:
         if self.critic is not None:
             _step(self.critic, self.critic_optimizer, max(stats.tokens, 1), self.s.grad_clip)
         summary = stats.summary() | {"grad_norm": norm}
-        self.step_stats = _StepStats()
+        self.step_stats = _StepStats(self.shaped)
         return summary
 
     def snapshot(self) -> dict:
@@ -139,10 +141,12 @@ class Learner:
 
 
 class _StepStats:
-    def __init__(self):
+    def __init__(self, shaped: bool = False):
         self.sequences = self.tokens = 0
         self.loss = self.clip = 0.0
-        self.rewards: list[float] = []
+        self.rewards: list[float] = []  # the task's reward, as the reward functions gave it
+        self.shaped_rewards: list[float] = []  # with shaping, as the advantage saw it
+        self.shaped = shaped
         self.lengths: list[int] = []
 
     def add(self, chunk, loss: float, tokens: float, clip_fraction: float) -> None:
@@ -150,12 +154,14 @@ class _StepStats:
         self.tokens += int(tokens)
         self.loss += loss
         self.clip += clip_fraction * len(chunk)
-        self.rewards += [r.reward for r in chunk]
+        self.rewards += [r.task_reward for r in chunk]
+        self.shaped_rewards += [r.reward for r in chunk]
         self.lengths += [len(r.response) for r in chunk]
 
     def summary(self) -> dict:
         n = max(self.sequences, 1)
-        return {"reward": sum(self.rewards) / n, "response_len": sum(self.lengths) / n,
+        shaped = {"shaped_reward": sum(self.shaped_rewards) / n} if self.shaped else {}
+        return {"reward": sum(self.rewards) / n, **shaped, "response_len": sum(self.lengths) / n,
                 "loss": self.loss / n, "clip_fraction": self.clip / n, "samples": self.sequences}
 
 

@@ -1,0 +1,65 @@
+"""Chaos: `aspc run --resume` killed again and again with SIGINT or SIGKILL at random moments (the
+warm start, generation, training, a checkpoint write) until it completes. Every step is recorded
+once, every sample of every step is trained exactly once, and no traceback is ever printed."""
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from aspc.runtime.metrics_file import read_rows
+from conftest import ROOT
+
+STEPS = 6
+MAX_ATTEMPTS = 14
+
+
+def command(tmp_path):
+    return [sys.executable, "-m", "aspc.cli", "run", str(ROOT / "pipelines" / "tiny_grpo.aspl"), "--steps",
+            str(STEPS), "--warmstart", "40", "--checkpoint", str(tmp_path / "ck"), "--checkpoint-every", "1",
+            "--metrics", str(tmp_path / "m.jsonl"), "--resume"]
+
+
+def attempt(tmp_path, rng: random.Random, kill: bool) -> tuple[int, str]:
+    """One run; when `kill`, a signal lands at a random moment after the run has started working
+    (the warm start's first line, or the resume line). Returns (exit code, stderr)."""
+    process = subprocess.Popen(command(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines, started = [], threading.Event()
+
+    def read() -> None:
+        for line in process.stderr:
+            lines.append(line)
+            if line.startswith(("warm start:", "resumed at step", "resume:")):
+                started.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    if kill and started.wait(timeout=180):
+        time.sleep(rng.uniform(0.0, 3.0))
+        if process.poll() is None:
+            process.send_signal(rng.choice([signal.SIGINT, signal.SIGKILL]))
+    process.wait(timeout=600)
+    reader.join(timeout=30)
+    return process.returncode, "".join(lines)
+
+
+def test_random_sigint_and_sigkill_then_resume_trains_every_sample_exactly_once(tmp_path):
+    rng = random.Random(2026)
+    codes = []
+    for number in range(MAX_ATTEMPTS):
+        code, err = attempt(tmp_path, rng, kill=number < MAX_ATTEMPTS - 2)
+        assert "Traceback" not in err, err
+        assert code in (0, 130, -signal.SIGKILL), err
+        if code == 130:
+            assert "stopped by Ctrl-C" in err
+        codes.append(code)
+        if code == 0 and len(codes) > 3:
+            break
+    assert codes[-1] == 0, codes
+    assert {130, -signal.SIGKILL} & set(codes), codes  # it was interrupted at least once
+    rows = read_rows(tmp_path / "m.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    for row in rows:
+        expected = {(row["step"] - 1, p, g) for p in range(16) for g in range(4)}
+        assert [tuple(s) for s in row["trained"]] == sorted(expected)
