@@ -254,3 +254,10 @@ def test_any_flipped_byte_in_a_checkpoint_is_caught_before_loading(tmp_path):
         assert "damaged" in checkpoint.verify(path), (file.name, at)
         file.write_bytes(original)
     assert checkpoint.find_resume_point(tmp_path).version == 1
+
+
+def test_a_fresh_run_refuses_a_folder_with_another_runs_checkpoints(aspc, tmp_path):
+    assert checkpointed(aspc, tmp_path, steps=1).exit_code == 0
+    before = (tmp_path / "m.jsonl").read_text()
+    assert_one_message(checkpointed(aspc, tmp_path, steps=1), 1, "already holds checkpoints", "--resume")
+    assert (tmp_path / "m.jsonl").read_text() == before

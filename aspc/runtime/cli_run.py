@@ -102,8 +102,10 @@ class _Session:
         self.progress.warm_done(self.runtime.warmstart_s)
         for note in self.runtime.resume_notes:
             click.echo(f"resume: {note}", err=True)
+        for note in self.runtime.notes:
+            click.echo(note, err=True)
         if self.runtime.resumed is not None:
-            self.progress.bar.update(self.runtime.start_version)
+            self.progress.done_before = self.runtime.start_version
             click.echo(f"resumed at step {self.runtime.start_version} from {self.runtime.resumed}", err=True)
         if self.runtime.complete:
             self.progress.close()
@@ -112,10 +114,7 @@ class _Session:
                        "(raise --steps to continue training)", err=True)
             return None
         self.phase = "training"
-        result = self.runtime.run()
-        for note in self.runtime.notes:
-            click.echo(note, err=True)
-        return result
+        return self.runtime.run()
 
     def salvage(self) -> str:
         """Stop the workers and keep every finished step (metrics rows, a checkpoint); returns
@@ -159,13 +158,15 @@ class _Progress:
         self.warm = tqdm(total=warmstart_steps, desc="warm start", unit="step", disable=None, file=sys.stderr,
                          leave=False)
         self.bar = None
-        self.make_bar = lambda: tqdm(total=steps, desc=schedule, unit="step", disable=None, file=sys.stderr)
+        self.done_before = 0  # steps a resumed run had finished
+        self.make_bar = lambda: tqdm(total=steps, initial=self.done_before, desc=schedule, unit="step", disable=None,
+                                     file=sys.stderr)
         self.last_loss, self.warm_steps = None, 0
         self.bubble = 0.0
         self.runtime = None
 
     def on_warmstart(self, step: int, loss: float) -> None:
-        if step == 0:  # a line for logs too, where the bar is off
+        if step == 0 and self.warm.disable:  # a line for logs, where there is no bar
             click.echo(f"warm start: {self.warm.total} supervised steps before RL", err=True)
         self.last_loss, self.warm_steps = loss, step + 1
         self.warm.update(1)
@@ -175,7 +176,6 @@ class _Progress:
         self.warm.close()
         if self.last_loss is not None:
             click.echo(f"warm start: {self.warm_steps} steps in {seconds:.1f} s, loss {self.last_loss:.3f}", err=True)
-        self.bar = self.make_bar()
 
     def on_step(self, step: int, m: dict) -> None:
         if self.bar is None:

@@ -92,7 +92,6 @@ class LocalRuntime:
         use_threads(self.threads)
         self.learner = Learner(self.actor, self._reference(), self._critic(), self._settings(), self.reward_fn)
         self.start_version = self._load(resume_from) if resume_from else 0
-        self.metrics_file = MetricsFile(self.options.metrics_path, self.start_version if resume_from else None)
         self.weights[self.start_version] = copy.deepcopy(self.actor.state_dict())
         saver = self._save if self.options.checkpoint_dir else None
         self.learner_worker = LearnerWorker(self.learner, self._rollouts, self.weights, self.step_metrics,
@@ -110,6 +109,8 @@ class LocalRuntime:
         self.slots = slots
         self.controller = Controller(self.config, lambda step, p: len(self._prompt(step, p).ids),
                                      self.start_version)
+        self.metrics_file = MetricsFile(self.options.metrics_path, self.start_version if resume_from else None)
+        self.notes = [note for note in [self.metrics_file.open()] if note]  # built: now the file may change
 
     def _warm_start(self) -> None:
         """Before the workers exist the main thread may use every core it is given."""
@@ -130,7 +131,10 @@ class LocalRuntime:
         from aspc.backends.cpu import checkpoint
 
         directory = self.options.checkpoint_dir
-        if not self.options.resume or directory is None:
+        if directory is None:
+            return None
+        if not self.options.resume:
+            _refuse_to_mix_runs(directory)
             return None
         point = checkpoint.find_resume_point(directory)
         if point is None:
@@ -250,7 +254,6 @@ class LocalRuntime:
         self.rollouts: dict = {}
         self.result = result = RunResult()
         self.recorded = self.start_version
-        self.notes = [note for note in [self.metrics_file.open()] if note]
         self.clock.reset()
         if self.complete:
             return result
@@ -342,3 +345,15 @@ class LocalRuntime:
             if worker.is_alive():
                 worker.join(timeout=120 if worker is self.learner_worker else 10)
         self.stopped = True
+
+
+def _refuse_to_mix_runs(directory: Path) -> None:
+    """A fresh run must not write its checkpoints among another run's: a later --resume would
+    take whichever step is newest, from either run."""
+    from aspc.backends.cpu.checkpoint import CheckpointError, step_folders
+
+    existing = sorted(step_folders(directory))
+    if existing:
+        raise CheckpointError(
+            f"{directory} already holds checkpoints of a run (up to {existing[-1][1].name}); continue that run "
+            "with --resume, or give a new run another --checkpoint folder")

@@ -61,7 +61,7 @@ def find_resume_point(directory: Path) -> ResumePoint | None:
     """The newest intact checkpoint in `directory` (None: there is none), with the reasons the
     newer ones were skipped."""
     skipped = []
-    for version, path in sorted(_step_folders(directory), reverse=True):
+    for version, path in sorted(step_folders(directory), reverse=True):
         problem = verify(path)
         if problem is None:
             return ResumePoint(path, version, skipped + _pointer_note(directory, path))
@@ -116,7 +116,7 @@ def load(path: Path, models: dict, optimizers: dict) -> dict:
     return read_manifest(path)
 
 
-def _step_folders(directory: Path) -> list[tuple[int, Path]]:
+def step_folders(directory: Path) -> list[tuple[int, Path]]:
     if not directory.is_dir():
         return []
     return [(int(m.group(1)), p) for p in directory.iterdir() if p.is_dir() and (m := _STEP.match(p.name))]
