@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any
 
 from aspc.facts import ModelArch
 from aspc.ir import Parallel, Stage, StageGraph, StageKind
-from aspc.serialize import encode
+from aspc.serialize import decode, encode
 from aspc.values import Call
 
+PLAN_FORMAT = "aspc.execution_plan"
 PLAN_VERSION = 1
 _PLAN_OPTIONS = {"placement", "device_offset", "batching", "pack_tokens", "buckets", "balance",
                  "padding", "padding_fraction", "stream_micro", "partial_rollout"}
@@ -161,8 +164,23 @@ class ExecutionPlan:
         return next(p for p in self.pools if p.name == name)
 
     def to_json(self) -> str:
-        doc = {"format": "aspc.execution_plan", "version": PLAN_VERSION, **jsonable(self)}
+        doc = {"format": PLAN_FORMAT, "version": PLAN_VERSION, **jsonable(self)}
         return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> ExecutionPlan:
+        """The plan `to_json` wrote, rebuilt exactly; PlanFormatError names what does not fit."""
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise PlanFormatError(f"execution plan is not JSON: {error}") from None
+        if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
+            raise PlanFormatError(f"not an execution plan: expected \"format\": \"{PLAN_FORMAT}\"")
+        if doc.get("version") != PLAN_VERSION:
+            raise PlanFormatError(f"execution plan version {doc.get('version')!r}: this aspc reads "
+                                  f"version {PLAN_VERSION}; recompile with `aspc compile --emit plan`")
+        fields = {k: v for k, v in doc.items() if k not in ("format", "version")}
+        return _read(cls, fields, "plan")
 
 
 _PAIR_FIELDS = ("options", "inputs")  # tuples of (key, value) pairs, written as JSON objects
@@ -178,8 +196,77 @@ def jsonable(value: Any) -> Any:
     return encode(value)
 
 
+def _read(hint: Any, value: Any, where: str) -> Any:
+    """A JSON value -> the plan type `hint` (dataclass, tuple, optional, scalar); PlanFormatError
+    names the path of a value that does not fit."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any or hint is Call:
+        return _decode(hint, value, where)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        return _read(next(a for a in args if a is not type(None)), value, where)
+    if dataclasses.is_dataclass(hint):
+        return _read_record(hint, value, where)
+    if origin is tuple and isinstance(value, dict) and typing.get_origin(args[0]) is tuple:
+        value_hint = typing.get_args(args[0])[1]  # (key, value) pairs, written as a JSON object
+        return tuple((k, _read(value_hint, v, f"{where}.{k}")) for k, v in value.items())
+    if origin is tuple and isinstance(value, list) and args[-1] is Ellipsis:
+        return tuple(_read(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is tuple and isinstance(value, list) and len(value) == len(args):
+        return tuple(_read(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    if hint in (int, str, bool) and type(value) is hint or hint is float and type(value) in (int, float):
+        return value
+    raise PlanFormatError(f"{where}: expected {_name(hint)}, found {json.dumps(value)}")
+
+
+def _decode(hint: Any, value: Any, where: str) -> Any:
+    """Option values and length distributions, in the IR's JSON form (a Call is an object)."""
+    if hint is Call and not isinstance(value, dict):
+        raise PlanFormatError(f"{where}: expected a call object, found {json.dumps(value)}")
+    try:
+        return decode(value)
+    except (KeyError, AttributeError, TypeError):
+        raise PlanFormatError(f"{where}: a call object needs \"call\" and \"kwargs\", found "
+                              f"{json.dumps(value)}") from None
+
+
+def _read_record(cls: type, value: Any, where: str) -> Any:
+    if not isinstance(value, dict):
+        raise PlanFormatError(f"{where}: expected a {cls.__name__} object, found {json.dumps(value)}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    missing = [n for n in names if n not in value and _required(cls, n)]
+    if missing:
+        raise PlanFormatError(f"{where}: {cls.__name__} lacks {', '.join(missing)}")
+    unknown = sorted(set(value) - set(names))
+    if unknown:
+        raise PlanFormatError(f"{where}: {cls.__name__} has no field {', '.join(unknown)}")
+    return cls(**{n: _read(hints[n], v, f"{where}.{n}") for n, v in value.items()})
+
+
+def _required(cls: type, name: str) -> bool:
+    field = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+
+
+def _name(hint: Any) -> str:
+    if typing.get_origin(hint) is not tuple:
+        return getattr(hint, "__name__", str(hint))
+    return "a list" if typing.get_args(hint)[-1] is Ellipsis else f"a list of {len(typing.get_args(hint))}"
+
+
 class PlanError(Exception):
-    """The graph cannot be planned yet (a pass the plan relies on has not run)."""
+    """The graph cannot be planned (a pass the plan relies on has not run, or the passes left an
+    unsound plan); `hint` says what to do about it."""
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.hint = hint
+
+
+class PlanFormatError(PlanError, ValueError):
+    """A plan file that is not JSON, not an execution plan, of another version, or of a wrong shape."""
 
 
 def build_plan(graph: StageGraph, passes: str) -> ExecutionPlan:
@@ -187,7 +274,18 @@ def build_plan(graph: StageGraph, passes: str) -> ExecutionPlan:
     unplaced = [s.name for s in stages if s.pool is not None and s.option("placement") is None]
     if unplaced:
         raise PlanError(f"stages {', '.join(unplaced)} have no devices yet: the execution plan "
-                        "needs the `place` pass in the pipeline")
+                        "needs the `place` pass in the pipeline", "add `place` to the pass pipeline")
+    plan = _plan(graph, passes, stages)
+    problems = plan_problems(plan)
+    if problems:
+        raise PlanError("the passes produced an unsound execution plan: " + "; ".join(problems),
+                        "a pass of the pipeline is wrong or missing; this is a compiler bug if the "
+                        "pipeline is a schedule's own")
+    return plan
+
+
+def _plan(graph: StageGraph, passes: str, stages: list[Stage]) -> ExecutionPlan:
+    """The plan's records, read off the graph; build_plan checks them."""
     syncs = [_weight_sync(graph, s) for s in stages if s.kind is StageKind.WEIGHT_SYNC]
     channels = [_channel(graph, s) for s in stages if s.kind is StageKind.CHANNEL]
     return ExecutionPlan(

@@ -32,8 +32,7 @@ class Compiled:
         try:
             return build_plan(self.run.graph, self.passes)
         except PlanError as error:
-            raise AsplError([Diagnostic("error", Span.point("<-p>"), str(error),
-                                        "add `place` to the pass pipeline")]) from None
+            raise AsplError([Diagnostic("error", Span.point("<-p>"), str(error), error.hint)]) from None
 
 
 def compile_with_passes(path: str | Path, overrides: list[str] | None = None, schedule: str | None = None,
