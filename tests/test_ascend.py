@@ -1,12 +1,16 @@
 """The Ascend backend on CPU: golden launch plans, conformance of the lowered model configs with
 megatron-core, a sound device mapping, and the clear message where no NPU exists."""
+import json
+from collections import Counter
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aspc.backends.ascend.executors import materialize
 from aspc.backends.ascend.groups import process_groups
-from aspc.backends.ascend.lowering import lower
+from aspc.backends.ascend.lowering import MEGATRON_KINDS, lower
+from aspc.backends.ascend.topology import NPUS_PER_NODE, pool_offsets
 from aspc.ir import Parallel
 from aspc.toolchain import compile_with_passes
 from aspc.compiler import compile_source
@@ -22,21 +26,45 @@ def launch(name, overrides=()):
 
 
 @pytest.mark.parametrize("name", WORKLOADS)
-def test_launch_plan_matches_golden(aspc, name):
-    result = aspc("compile", f"pipelines/{name}.aspl", "--backend", "ascend", "--emit", "launch")
+def test_launch_summary_matches_golden(aspc, name):
+    """The golden is the reviewable per-stage summary; the full plan is checked structurally below."""
+    result = aspc("compile", f"pipelines/{name}.aspl", "--backend", "ascend", "--emit", "launch-summary")
     assert result.exit_code == 0, result.output
-    check_golden(ROOT / "tests" / "golden" / f"{name}.launch.json", result.stdout)
+    check_golden(ROOT / "tests" / "golden" / f"{name}.launch.txt", result.stdout)
 
 
 @pytest.mark.parametrize("name", WORKLOADS)
-def test_no_npu_goes_to_two_processes_that_do_not_time_share(name):
-    owners = {}
-    for p in launch(name).processes:
-        for d in p.devices:
-            owners.setdefault((p.node, d), []).append(p)
-    for users in owners.values():
-        assert len(users) == 1 or all(u.time_shared for u in users)
-        assert len({u.stage for u in users}) == len(users)  # never two processes of one stage
+def test_full_launch_plan_is_sound(aspc, name):
+    result = aspc("compile", f"pipelines/{name}.aspl", "--backend", "ascend", "--emit", "launch")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    plan = compile_with_passes(ROOT / "pipelines" / f"{name}.aspl").plan()
+    launch_plan = lower(plan)
+    assert doc["format"] == "aspc.launch_plan" and len(doc["processes"]) == len(launch_plan.processes)
+    assert len({p.name for p in launch_plan.processes}) == len(launch_plan.processes)
+    offsets = pool_offsets(plan.pools)
+    lowered = [s for s in plan.stages if s.pool is not None and (s.kind == "generate" or s.kind in MEGATRON_KINDS)]
+    assert [s.stage for s in launch_plan.stages] == [s.name for s in lowered]
+    for stage in lowered:
+        procs = [p for p in launch_plan.processes if p.stage == stage.name]
+        pool = next(p for p in plan.pools if p.name == stage.pool)
+        # every device of every instance is held by exactly one process of the stage, inside its pool
+        held = sorted(p.node * NPUS_PER_NODE + d for p in procs for d in p.devices)
+        wanted = sorted(offsets[pool.name] + d for inst in stage.instances for d in inst.devices)
+        assert held == wanted and len(held) <= pool.count
+        world = procs[0].world_size
+        assert all(p.world_size == world for p in procs)
+        # ranks 0..world-1, once per instance (engines: data-parallel ranks; megatron: one job)
+        assert Counter(p.rank for p in procs) == {r: len(procs) // world for r in range(world)}
+        for p in procs:
+            assert p.env["ASCEND_RT_VISIBLE_DEVICES"] == ",".join(map(str, sorted(p.devices)))
+            assert p.time_shared == (stage.placement == "time_shared")
+            if p.role != "vllm-engine":
+                assert (p.env["RANK"], p.env["WORLD_SIZE"]) == (str(p.rank), str(world))
+                assert p.command[-2:] == ("--rank", str(p.rank))
+    for sync in plan.weight_syncs:
+        sent = sum(t.bytes for t in launch_plan.transfers if t.sync == sync.name)
+        assert sent == pytest.approx(sync.bytes * len(plan.stage(sync.dst).instances), rel=1e-6)
 
 
 @pytest.mark.parametrize("name", WORKLOADS)

@@ -65,8 +65,30 @@ def test_plan_without_place_is_a_clear_error(aspc):
     assert "needs the `place` pass" in result.stderr
 
 
-def test_verify_flag_runs(aspc):
+def test_verify_flag_verifies_the_ir_after_every_pass(aspc, monkeypatch):
+    from aspc.passes import manager
+    from aspc.toolchain import compile_with_passes
+
+    checked, real = [], manager.verify
+    monkeypatch.setattr(manager, "verify", lambda graph: (checked.append(graph), real(graph))[1])
+    assert aspc("compile", "pipelines/dapo_32b.aspl", "--emit", "plan").exit_code == 0
+    assert checked == [], "without --verify the verifier does not run"
     assert aspc("compile", "pipelines/dapo_32b.aspl", "--verify", "--emit", "plan").exit_code == 0
+    steps = compile_with_passes("pipelines/dapo_32b.aspl", verify_each=False).run.steps
+    assert len(steps) >= 3 and checked == [step.after for step in steps]
+
+
+def test_verify_flag_catches_a_pass_that_breaks_the_ir(aspc, monkeypatch):
+    from aspc.ir import Flow
+    from aspc.passes.continuous_batching import ContinuousBatching
+
+    real = ContinuousBatching.apply
+    monkeypatch.setattr(ContinuousBatching, "apply",
+                        lambda self, graph: real(self, graph).with_flow(Flow("score", "update", ("advantages",))))
+    result = aspc("compile", "pipelines/tiny_grpo.aspl", "--verify", "--emit", "ir")
+    assert result.exit_code == 1
+    assert "pass 'continuous-batching' broke an IR invariant (a compiler bug)" in result.stderr
+    assert "carries ['advantages']" in result.stderr
 
 
 def test_staleness_zero_is_on_policy_in_the_plan(aspc):
@@ -88,3 +110,24 @@ def test_passes_doc_covers_every_pass_and_option():
         assert f"### `{name}" in doc
         for field in dataclasses.fields(cls):
             assert f"`{field.name}`" in doc, f"docs/passes.md lacks option {field.name} of {name}"
+
+
+def test_the_pipelines_printed_in_the_passes_doc_compile_and_keep_the_streaming_rule(aspc):
+    """Every `-p '...'` command in docs/passes.md compiles with --verify, and no stage that
+    time-shares its devices with generation is streamed (the rule of `stream`)."""
+    import re
+
+    from conftest import ROOT
+
+    doc = (ROOT / "docs" / "passes.md").read_text()
+    commands = re.findall(r"^aspc compile (\S+) -p '([^']*)'$", doc, re.MULTILINE)
+    assert commands
+    for source, pipeline in commands:
+        result = aspc("compile", source, "-p", pipeline, "--verify", "--emit", "json")
+        assert result.exit_code == 0, result.output
+        for line in aspc("compile", source, "-p", pipeline).stdout.splitlines():
+            if 'placement="time_shared"' in line and "GENERATE" not in line:
+                assert "stream_micro" not in line, f"{pipeline}: {line}"
+    shown = [line for line in doc.splitlines() if line.startswith("stage ") and "stream_micro" in line]
+    assert shown and all('placement="time_shared"' not in line for line in shown)
+

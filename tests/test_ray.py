@@ -101,14 +101,32 @@ def test_a_learner_checkpoint_comes_back_from_the_actor(tmp_path):
 
 
 def test_an_instance_that_keeps_failing_ends_the_run_with_a_clear_message():
-    from aspc.controller.events import RestartInstance
+    """Generation instance 0's actor is killed each time it is (re)started: after MAX_RESTARTS
+    restarts the run ends with WorkerFailed naming the instance, and frees its actors."""
     from aspc.runtime.ray_runtime import MAX_RESTARTS
     from aspc.runtime.workers import WorkerFailed
 
-    runtime = object.__new__(RayRuntime)  # only the restart bookkeeping is exercised here
-    runtime.restarts = {1: MAX_RESTARTS}
-    with pytest.raises(WorkerFailed, match=f"generation instance 1 failed {MAX_RESTARTS + 1} times"):
-        runtime._act(RestartInstance(1))
+    runtime = RayRuntime(plan(), ROOT / "pipelines", RunOptions(steps=10_000, warmstart_steps=0))
+    runtime.build()
+    killed = []
+
+    def kill_every_incarnation_of_instance_0():
+        deadline = time.time() + 120
+        while not runtime.stopped and time.time() < deadline:
+            actor = runtime.gen_workers[0].generator.actor
+            if actor not in killed:
+                ray.kill(actor, no_restart=True)
+                killed.append(actor)
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_every_incarnation_of_instance_0, daemon=True)
+    killer.start()
+    with pytest.raises(WorkerFailed, match=f"generation instance 0 failed {MAX_RESTARTS + 1} times; giving up"):
+        runtime.run()
+    killer.join(timeout=30)
+    assert runtime.restarts == {0: MAX_RESTARTS + 1}
+    assert len(killed) == MAX_RESTARTS + 1  # the first actor and each of its MAX_RESTARTS replacements
+    assert runtime.stopped and runtime.placement is None
 
 
 def test_ray_run_errors_and_ctrl_c_are_one_message(tmp_path):
@@ -120,7 +138,8 @@ def test_ray_run_errors_and_ctrl_c_are_one_message(tmp_path):
 
     (tmp_path / "d.jsonl").write_text('{"prompt": 3}\n')
     bad = tmp_path / "bad.aspl"
-    bad.write_text((ROOT / "pipelines" / "tiny_grpo.aspl").read_text().replace('synthetic("arith")', 'jsonl("d.jsonl")'))
+    source = (ROOT / "pipelines" / "tiny_grpo.aspl").read_text()
+    bad.write_text(source.replace('synthetic("arith")', 'jsonl("d.jsonl")'))
     base = [sys.executable, "-m", "aspc.cli", "run", "--runtime", "ray", "--warmstart", "0",
             "--metrics", str(tmp_path / "m.jsonl")]
     failed = subprocess.run([*base, str(bad)], capture_output=True, text=True, timeout=300)

@@ -1,7 +1,10 @@
 """The launch plan as a shell script a cluster operator can read and run, one block per node."""
 from __future__ import annotations
 
+import json
 import shlex
+import textwrap
+from collections import Counter
 
 from aspc.backends.ascend.lowering import LaunchPlan
 
@@ -17,3 +20,105 @@ def launch_script(plan: LaunchPlan) -> str:
             shared = "  # time-shared" if p.time_shared else ""
             lines.append(f"{env} {' '.join(shlex.quote(c) for c in p.command)} &{shared}")
     return "\n".join(lines) + "\n"
+
+
+def launch_summary(plan: LaunchPlan) -> str:
+    """The launch plan in a few lines per stage, for review: where each stage's processes run, the
+    command and environment they share (with what varies between them), the per-stage configs and
+    the weight transfers. `--emit launch` writes the full plan."""
+    lines = [f"# {plan.pipeline} ({plan.schedule}): {plan.nodes} nodes, {len(plan.processes)} processes, "
+             f"{len(plan.stages)} stages, {len(plan.transfers)} weight transfers"]
+    for stage in plan.stages:
+        procs = [p for p in plan.processes if p.stage == stage.stage]
+        shared = ", time-shared" if any(p.time_shared for p in procs) else ""
+        per = _values(Counter(len(p.devices) for p in procs))
+        lines.append(f"\nstage {stage.stage} ({stage.kind}, {stage.role}{shared}): "
+                     f"{len(procs)} processes x {per} NPUs, world size {_values(Counter(p.world_size for p in procs))}")
+        lines += _placement(procs)
+        lines += _commands([p.command for p in procs])
+        keys = sorted({k for p in procs for k in p.env})
+        lines += [f"  env {k}{_values(Counter(p.env.get(k, '<unset>') for p in procs), '=')}" for k in keys]
+        if stage.groups:
+            lines.append("  groups " + ", ".join(f"{axis} {len(g)}x{_values(Counter(len(x) for x in g))}"
+                                                 for axis, g in sorted(stage.groups.items())))
+        for label, value in (("config", stage.config), ("model_args", stage.model_args),
+                             ("compiler", stage.compiler), ("micro_batching", stage.micro_batching)):
+            if value:
+                lines += _wrapped(label, value)
+    syncs = Counter((t.sync, t.src_stage, t.dst_stage) for t in plan.transfers)
+    for (sync, src, dst), count in sorted(syncs.items()):
+        ts = [t for t in plan.transfers if (t.sync, t.src_stage, t.dst_stage) == (sync, src, dst)]
+        lines.append(f"\ntransfer {sync}: {src} -> {dst}, {count} shards, {sum(t.bytes for t in ts)} bytes; "
+                     f"{len({t.src_rank for t in ts})} source ranks, {len({t.dst_instance for t in ts})} instances "
+                     f"x {len({t.dst_tp_rank for t in ts})} tp ranks")
+    return "\n".join(lines) + "\n"
+
+
+def _placement(procs) -> list[str]:
+    """One line per run of consecutive nodes that hold the same local devices and process count."""
+    by_node: dict[int, list] = {}
+    for p in procs:
+        by_node.setdefault(p.node, []).append(p)
+    runs: list[tuple[int, int, tuple]] = []
+    for node in sorted(by_node):
+        key = (len(by_node[node]), tuple(sorted(d for p in by_node[node] for d in p.devices)))
+        if runs and runs[-1][1] == node - 1 and runs[-1][2] == key:
+            runs[-1] = (runs[-1][0], node, key)
+        else:
+            runs.append((node, node, key))
+    return [f"  node{_span(first, last)}: {count} processes on devices {_ints(list(devices))}"
+            for first, last, (count, devices) in runs]
+
+
+def _commands(commands) -> list[str]:
+    """One template per command length; an argument that varies shows as {its values}."""
+    out = []
+    for length in sorted({len(c) for c in commands}):
+        same = [c for c in commands if len(c) == length]
+        words = []
+        for i in range(length):
+            values = Counter(c[i] for c in same)
+            words.append(next(iter(values)) if len(values) == 1 else "{" + _values(values) + "}")
+        out.append(f"  command x{len(same)}: {' '.join(words)}")
+    return out
+
+
+def _values(counts: Counter, prefix: str = "") -> str:
+    """`=v` for one value; a range of integers with its counts; else each value with its count."""
+    if len(counts) == 1:
+        return f"{prefix}{next(iter(counts))}"
+    sep = ": " if prefix else ""
+    each = set(counts.values())
+    keys = list(counts)
+    if all(isinstance(k, int) or (isinstance(k, str) and k.isdigit()) for k in keys):
+        ints = sorted(int(k) for k in keys)
+        if ints == list(range(ints[0], ints[-1] + 1)) and len(each) == 1:
+            times = each.pop()
+            return f"{sep}{ints[0]}..{ints[-1]}" + (f" (x{times} each)" if times > 1 else "")
+    shown = sorted(counts.items(), key=lambda kv: str(kv[0]))
+    text = ", ".join(f"{k} x{c}" for k, c in shown[:8])
+    more = f", ... {len(shown) - 8} more" if len(shown) > 8 else ""
+    return f"{sep}{text}{more}"
+
+
+def _ints(values: list[int]) -> str:
+    """1,2,3,5 -> 1-3,5; repeated values (time-sharing) are shown once."""
+    values = sorted(set(values))
+    parts, start = [], None
+    for i, v in enumerate(values):
+        if start is None:
+            start = v
+        if i + 1 == len(values) or values[i + 1] != v + 1:
+            parts.append(_span(start, v))
+            start = None
+    return ",".join(parts)
+
+
+def _span(first: int, last: int) -> str:
+    return str(first) if first == last else f"{first}-{last}"
+
+
+def _wrapped(label: str, value: dict) -> list[str]:
+    items = [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in sorted(value.items())]
+    return textwrap.wrap(" ".join(items), width=116, initial_indent=f"  {label}: ", subsequent_indent="      ",
+                         break_on_hyphens=False, break_long_words=False)
