@@ -7,7 +7,6 @@ memory and Python's cycle collector a fifth of the time of checking it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 from aspc.span import Span
 
@@ -61,20 +60,20 @@ class Name:
 
 @dataclass(frozen=True, slots=True)
 class List:
-    items: tuple["Value", ...]
+    items: tuple[Value, ...]
     span: Span = _span()
 
 
 @dataclass(frozen=True, slots=True)
 class Call:
     func: str
-    args: tuple["Value", ...]
-    kwargs: tuple["Option", ...]
+    args: tuple[Value, ...]
+    kwargs: tuple[Option, ...]
     span: Span = _span()  # the function name
     extent: Span = _span()  # the whole call, `func(...)`
 
 
-Value = Union[Int, Float, Size, Str, Bool, Name, List, Call]
+Value = Int | Float | Size | Str | Bool | Name | List | Call
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +154,7 @@ class Schedule:
     span: Span = _span()
 
 
-Decl = Union[Pipeline, Pool, Model, Data, Stage, Schedule]
+Decl = Pipeline | Pool | Model | Data | Stage | Schedule
 
 
 @dataclass(frozen=True, slots=True)

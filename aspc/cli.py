@@ -24,7 +24,14 @@ EMITTERS = {
     "dot": lambda c: to_dot(c.graph),
     "plan": lambda c: c.plan().to_json(),
     "launch": lambda c: _launch_plan(c).to_json(),
+    "launch-summary": lambda c: _launch_summary(_launch_plan(c)),
 }
+
+
+def _launch_summary(launch):
+    from aspc.backends.ascend.launch import launch_summary
+
+    return launch_summary(launch)
 
 
 def _launch_plan(compiled):
@@ -94,17 +101,18 @@ def check(files: tuple[str, ...], overrides: tuple[str, ...]) -> None:
 @click.argument("file", type=_SOURCE)
 @click.option("--emit", type=click.Choice(sorted(EMITTERS)), default="ir", show_default=True,
               help="ast: the formatted source; ir/json/dot: the stage graph after the passes; "
-                   "plan: the execution plan (JSON); launch: the Ascend launch plan (--backend ascend).")
+                   "plan: the execution plan (JSON); launch: the Ascend launch plan (--backend ascend); "
+                   "launch-summary: the launch plan in a few lines per stage, for review.")
 @click.option("--backend", type=click.Choice(["cpu", "ascend"]), default="cpu", show_default=True,
-              help="The backend whose artifacts --emit launch lowers to.")
+              help="The backend whose artifacts --emit launch[-summary] lowers to.")
 @click.option("--emit-after", metavar="PASS", help="Stop after this pass and print the IR.")
 @click.option("--verify", is_flag=True, help="Verify the IR after every pass.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to a file instead of stdout.")
 @_pass_options
 def compile_command(file, emit, backend, emit_after, verify, output, overrides, schedule, pipeline) -> None:
     """Compile FILE and print the artifact chosen with --emit."""
-    if emit == "launch" and backend != "ascend":
-        raise click.UsageError("--emit launch lowers to the Ascend backend: add --backend ascend")
+    if emit.startswith("launch") and backend != "ascend":
+        raise click.UsageError(f"--emit {emit} lowers to the Ascend backend: add --backend ascend")
     compiled = _compile(file, overrides, schedule, pipeline, emit_after, verify)
     try:
         text = EMITTERS[emit](compiled)
@@ -152,6 +160,7 @@ def simulate(file, compare, steps, trace_path, plot_path, overrides, schedule, p
     for kind in schedules:
         compiled = _compile(file, overrides, kind, pipeline, None, False)
         plans.append(_plan(compiled, pipeline))
+    _refuse_unpriced(file, overrides, compiled, plans[0])
     results = []
     with _progress(len(plans) * steps) as bar:
         for plan in plans:
@@ -263,6 +272,21 @@ def _write_pictures(results, trace_path, plot_path) -> None:
             click.echo(f"wrote {plot_path}")
     except OSError as error:
         raise click.ClickException(f"cannot write {error.filename}: {error.strerror}") from None
+
+
+def _refuse_unpriced(file, overrides, compiled: Compiled, plan) -> None:
+    """A stage the simulator cannot price is an error at its source line, never a free stage."""
+    from aspc.backends.sim.coverage import unpriced_stages
+    from aspc.diagnostics import Diagnostic
+    from aspc.span import Span
+
+    diagnostics = [Diagnostic("error", compiled.graph.stage(u.stage).span or Span.point(file),
+                              f"stage '{u.stage}': the simulator cannot price {u.what} yet and would count them "
+                              "as free", u.hint)
+                   for u in unpriced_stages(plan)]
+    if diagnostics:
+        click.echo(render_all(diagnostics, _sources(file, overrides)), err=True)
+        sys.exit(1)
 
 
 def _compile(file, overrides, schedule, pipeline, emit_after, verify) -> Compiled:

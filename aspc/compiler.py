@@ -6,7 +6,7 @@ import gc
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 from aspc import ast
 from aspc.dataflow import check_cycles, check_dataflow
@@ -44,7 +44,7 @@ def read_source(path: str | Path) -> str:
     try:
         data = Path(path).read_bytes()
     except OSError as error:
-        raise AsplError([Diagnostic("error", Span.point(name), f"cannot read file: {error.strerror}")])
+        raise AsplError([Diagnostic("error", Span.point(name), f"cannot read file: {error.strerror}")]) from None
     if len(data) > MAX_FILE_BYTES:
         raise AsplError([Diagnostic("error", Span.point(name), "file is larger than 16 MiB")])
     data = data.removeprefix(codecs.BOM_UTF8)
@@ -55,7 +55,7 @@ def read_source(path: str | Path) -> str:
         column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
         raise AsplError([Diagnostic("error", Span.point(name, line, column),
                                     f"file is not valid UTF-8 (byte 0x{data[error.start]:02x})",
-                                    "save the file as UTF-8")])
+                                    "save the file as UTF-8")]) from None
 
 
 def _directory_hint(folder: Path) -> str:

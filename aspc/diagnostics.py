@@ -6,7 +6,7 @@ import re
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from aspc.span import Span
 
@@ -97,7 +97,7 @@ def _variants(word: str) -> set[str]:
 WARNING_CAP = 10  # warnings of one kind shown before the rest are summed up in one line
 
 
-def render(diagnostic: Diagnostic, sources: "dict[str, str] | SourceLines") -> str:
+def render(diagnostic: Diagnostic, sources: dict[str, str] | SourceLines) -> str:
     """The text a user sees for one diagnostic (no colour, stable for golden files)."""
     lines = SourceLines.of(sources)
     out = [f"{diagnostic.span}: {diagnostic.severity}: {diagnostic.message}"]
@@ -159,7 +159,7 @@ class SourceLines:
         self._lines: dict[str, list[str]] = {}
 
     @staticmethod
-    def of(sources: "dict[str, str] | SourceLines") -> "SourceLines":
+    def of(sources: dict[str, str] | SourceLines) -> SourceLines:
         return sources if isinstance(sources, SourceLines) else SourceLines(sources)
 
     def line(self, file: str, number: int) -> str | None:

@@ -21,7 +21,8 @@ def _allowed(spec: schema.OptionSpec) -> str:
         return " \\| ".join(f"`{c}`" for c in spec.choices)
     if spec.type in ("call", "calls"):
         suffix = ", ..." if spec.type == "calls" else ""
-        return "[" * (spec.type == "calls") + " \\| ".join(f"`{c}(...)`" for c in spec.choices) + suffix + "]" * (spec.type == "calls")
+        bracket = spec.type == "calls"
+        return "[" * bracket + " \\| ".join(f"`{c}(...)`" for c in spec.choices) + suffix + "]" * bracket
     parts = []
     if spec.lo is not None:
         parts.append(f"{'>' if spec.lo_open else '≥'} {spec.lo:g}")

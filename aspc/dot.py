@@ -9,7 +9,8 @@ _COLORS = {"GENERATE": "#cfe8ff", "ENVIRONMENT": "#e0d4ff", "REWARD": "#fff2b3",
 
 
 def to_dot(graph: StageGraph) -> str:
-    lines = [f'digraph "{graph.pipeline}" {{', "  rankdir=LR;", '  node [shape=box, style="rounded,filled", fontname="Helvetica"];',
+    lines = [f'digraph "{graph.pipeline}" {{', "  rankdir=LR;",
+             '  node [shape=box, style="rounded,filled", fontname="Helvetica"];',
              '  edge [fontname="Helvetica", fontsize=10];']
     by_pool: dict[str | None, list[Stage]] = {}
     for stage in graph.stages():

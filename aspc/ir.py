@@ -9,7 +9,8 @@ from __future__ import annotations
 import enum
 import heapq
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 import networkx as nx
 
@@ -160,7 +161,7 @@ class Stage:
     def devices(self) -> int:
         return self.instances * self.parallel.devices
 
-    def with_options(self, **changes: Any) -> "Stage":
+    def with_options(self, **changes: Any) -> Stage:
         merged = dict(self.options) | changes
         return replace(self, options=tuple(sorted(merged.items())))
 
@@ -237,33 +238,33 @@ class StageGraph:
         return self._graph.copy(as_view=True)
 
     # -- building (each returns a new graph) --
-    def copy(self) -> "StageGraph":
+    def copy(self) -> StageGraph:
         new = StageGraph(self.pipeline, self.pools.values(), self.models.values(), self.data.values(),
                          self.schedule)
         new._graph = self._graph.copy()
         return new
 
-    def with_stage(self, stage: Stage) -> "StageGraph":
+    def with_stage(self, stage: Stage) -> StageGraph:
         new = self.copy()
         new._graph.add_node(stage.name, stage=stage)
         return new
 
-    def with_flow(self, flow: Flow) -> "StageGraph":
+    def with_flow(self, flow: Flow) -> StageGraph:
         new = self.copy()
         new._graph.add_edge(flow.src, flow.dst, flow=flow)
         return new
 
-    def without_flow(self, src: str, dst: str) -> "StageGraph":
+    def without_flow(self, src: str, dst: str) -> StageGraph:
         new = self.copy()
         new._graph.remove_edge(src, dst)
         return new
 
-    def rebuilt(self, stages: Iterable[Stage], flows: Iterable[Flow]) -> "StageGraph":
+    def rebuilt(self, stages: Iterable[Stage], flows: Iterable[Flow]) -> StageGraph:
         """A new graph with the same pools, models, data and schedule, and these stages and flows."""
         return StageGraph(self.pipeline, self.pools.values(), self.models.values(), self.data.values(),
                           self.schedule, stages, flows)
 
-    def with_schedule(self, schedule: ScheduleSpec) -> "StageGraph":
+    def with_schedule(self, schedule: ScheduleSpec) -> StageGraph:
         new = self.copy()
         new.schedule = schedule
         return new

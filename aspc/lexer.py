@@ -11,7 +11,8 @@ slower, never different (tests/test_language.py and tests/test_fuzz.py compare t
 from __future__ import annotations
 
 from copy import copy
-from typing import Callable, Iterator, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable, Iterator
 
 from lark import Token
 from lark.lexer import BasicLexer, Lexer
@@ -30,7 +31,7 @@ class _StateScanner(NamedTuple):
     multiline: frozenset[str]  # terminals that may hold a newline
 
     @staticmethod
-    def of(lexer: BasicLexer) -> "_StateScanner":
+    def of(lexer: BasicLexer) -> _StateScanner:
         patterns = lexer.scanner._mres  # building the scanner fills lexer.callback too
         match = patterns[0].match if len(patterns) == 1 else _first_match(patterns)
         return _StateScanner(match, lexer.callback, lexer.ignore_types, lexer.newline_types)

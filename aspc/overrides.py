@@ -6,7 +6,7 @@ kind (`generate.max_tokens`) for every stage of that kind. Values use the .aspl 
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from collections.abc import Iterable
 
 from aspc import ast, schema
 from aspc.diagnostics import AsplError, Diagnostic, DiagnosticSink, did_you_mean

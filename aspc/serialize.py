@@ -70,7 +70,7 @@ def from_json(text: str) -> StageGraph:
 
 def from_dict(doc: dict[str, Any]) -> StageGraph:
     if doc.get("format") != "aspc.stage_graph" or doc.get("version") != FORMAT_VERSION:
-        raise ValueError("not an aspc stage graph of format version %d" % FORMAT_VERSION)
+        raise ValueError(f"not an aspc stage graph of format version {FORMAT_VERSION}")
     pools = [PoolSpec(p["name"], Hardware(**p["hardware"]), p["count"], _unspan(p["span"]))
              for p in doc["pools"]]
     models = [ModelSpec(**{**m, "arch": ModelArch(**m["arch"]), "span": _unspan(m["span"])})

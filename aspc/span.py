@@ -16,10 +16,10 @@ class Span:
     end_column: int
 
     @staticmethod
-    def point(file: str, line: int = 1, column: int = 1) -> "Span":
+    def point(file: str, line: int = 1, column: int = 1) -> Span:
         return Span(file, line, column, line, column + 1)
 
-    def through(self, other: "Span | None") -> "Span":
+    def through(self, other: Span | None) -> Span:
         """From the start of this span to the end of another in the same file (this one alone
         when the other is missing or elsewhere)."""
         if other is None or other.file != self.file:

@@ -12,7 +12,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from aspc.diagnostics import did_you_mean
 
@@ -91,7 +91,7 @@ def _find(name: str):
         return None
     except Exception as error:  # the parent package's own code raised
         raise UserCodeError(f"importing '{name}' failed: {type(error).__name__}: {error}",
-                            f"`python -c 'import {name}'` in the .aspl file's folder shows the traceback")
+                            f"`python -c 'import {name}'` in the .aspl file's folder shows the traceback") from None
 
 
 def _import(name: str) -> ModuleType:

@@ -97,3 +97,24 @@ def test_the_simulator_imports_no_torch():
 
     code = "import sys, aspc.backends.sim.result, aspc.cli; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_stages_the_simulator_cannot_price_are_refused_at_their_line(aspc, tmp_path):
+    """A reward model or an environment would otherwise be free: same step time as a rule reward."""
+    source = (ROOT / "pipelines" / "grpo_7b.aspl").read_text().replace('jsonl("data/math.jsonl")', 'synthetic("arith")')
+    rm = source.replace("pool learner = 910b3 x 8", "pool learner = 910b3 x 8\npool judges = 910b3 x 8").replace(
+        "model ref = frozen(actor)", "model ref = frozen(actor)\nmodel rm = qwen2.5-7b").replace(
+        'reward(gen, rule = "math_verify")', "reward(gen, model = rm) on judges { tp = 4 }")
+    env = source.replace('stage score  = reward(gen, rule = "math_verify")',
+                         'stage env = environment(gen) { tools = [tool("calc", python = "tools:calc")], '
+                         'max_turns = 3 }\n'
+                         'stage score  = reward(env, rule = "math_verify")').replace(
+        "train(actor, gen, ref_lp, adv)", "train(actor, env, ref_lp, adv)")
+    (tmp_path / "tools.py").write_text("def calc(expression: str) -> str:\n    return expression\n")
+    for name, text, what in (("rm", rm, "model(...) reward sources"), ("env", env, "environment stages")):
+        path = tmp_path / f"{name}.aspl"
+        path.write_text(text)
+        result = aspc("simulate", str(path), "--steps", "1")
+        assert result.exit_code == 1, result.output
+        assert f"{name}.aspl:" in result.output and f"cannot price {what}" in result.output
+        assert "Traceback" not in result.output

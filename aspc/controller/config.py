@@ -33,7 +33,7 @@ class ControllerConfig:
         return self.prompts_per_step * self.group
 
     @staticmethod
-    def from_plan(plan: ExecutionPlan, steps: int, checkpoint_every: int = 0) -> "ControllerConfig":
+    def from_plan(plan: ExecutionPlan, steps: int, checkpoint_every: int = 0) -> ControllerConfig:
         generators, trainers = plan.stages_of("generate"), plan.stages_of("train")
         if len(generators) != 1 or len(trainers) != 1:
             raise UnsupportedPlan("the runtime executes one generate and one train stage; this plan has "

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 from aspc.controller.config import ControllerConfig
 from aspc.controller.events import (Checkpoint, Finished, InstanceFailed, InstanceIdle,

@@ -108,3 +108,10 @@ class Checkpoint:
 @dataclass(frozen=True)
 class Finished:
     steps: int
+
+
+# The closed unions: a driver handles every member with `match` and `assert_never`, so a new event
+# or action breaks the type check where it is not handled instead of being dropped.
+Event = (Start | InstanceIdle | SampleFinished | WorkFinished | WeightsPublished | WeightsLoaded | InstanceFailed
+         | InstanceRecovered)
+Action = Dispatch | RunWork | OptimizerStep | SyncWeights | RestartInstance | Checkpoint | Finished

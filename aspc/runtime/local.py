@@ -9,6 +9,7 @@ import zlib
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import assert_never
 
 from aspc.backends.cpu.data import PromptSource
 from aspc.backends.cpu.generator import BatchGenerator
@@ -19,8 +20,8 @@ from aspc.backends.cpu.rewards import build_reward
 from aspc.backends.cpu.threads import use_threads
 from aspc.backends.cpu.warmstart import warm_start
 from aspc.controller import Controller, ControllerConfig
-from aspc.controller.events import (Checkpoint, Dispatch, Finished, InstanceIdle, OptimizerStep, RunWork,
-                                    Start, SyncWeights, WeightsPublished)
+from aspc.controller.events import (Action, Checkpoint, Dispatch, Finished, InstanceIdle, OptimizerStep,
+                                    RestartInstance, RunWork, Start, SyncWeights, WeightsPublished)
 from aspc.plan import ExecutionPlan
 from aspc.runtime.metrics_file import MetricsFile, interrupts_held
 from aspc.runtime.threads import threads_per_worker
@@ -305,20 +306,25 @@ class LocalRuntime:
         for action in self.controller.handle(event):
             self._act(action)
 
-    def _act(self, action) -> None:
-        if isinstance(action, Dispatch):
-            payload = [(r.sample, self._prompt(*r.sample[:2]).ids, self._seed(r.sample)) for r in action.requests]
-            self.gen_workers[action.instance].inbox.put(("requests", payload))
-        elif isinstance(action, RunWork):
-            self.learner_worker.inbox.put(("work", action.work))
-        elif isinstance(action, OptimizerStep):
-            self.learner_worker.inbox.put(("optimizer", action.step))
-        elif isinstance(action, SyncWeights):
-            self.gen_workers[action.instance].inbox.put(("sync", action.version))
-        elif isinstance(action, Checkpoint):
-            self.learner_worker.inbox.put(("checkpoint", action.step))
-        elif not isinstance(action, Finished):
-            raise TypeError(f"the local runtime cannot carry out {action!r}")
+    def _act(self, action: Action) -> None:
+        match action:
+            case Dispatch():
+                payload = [(r.sample, self._prompt(*r.sample[:2]).ids, self._seed(r.sample)) for r in action.requests]
+                self.gen_workers[action.instance].inbox.put(("requests", payload))
+            case RunWork():
+                self.learner_worker.inbox.put(("work", action.work))
+            case OptimizerStep():
+                self.learner_worker.inbox.put(("optimizer", action.step))
+            case SyncWeights():
+                self.gen_workers[action.instance].inbox.put(("sync", action.version))
+            case Checkpoint():
+                self.learner_worker.inbox.put(("checkpoint", action.step))
+            case RestartInstance():  # threads do not die alone: a raising one ends the run (WorkerFailed)
+                raise WorkerFailed(f"generation instance {action.instance} failed")
+            case Finished():
+                pass
+            case _:
+                assert_never(action)
 
     def _seed(self, sample) -> int:
         return zlib.crc32(repr((self.data.seed, self.options.seed, sample)).encode())

@@ -9,9 +9,10 @@ import heapq
 import itertools
 from collections import deque
 from dataclasses import dataclass
+from typing import assert_never
 
 from aspc.controller import Controller, ControllerConfig
-from aspc.controller.events import (Checkpoint, Dispatch, Finished, InstanceIdle, OptimizerStep,
+from aspc.controller.events import (Action, Checkpoint, Dispatch, Finished, InstanceIdle, OptimizerStep,
                                     RestartInstance, RunWork, SampleFinished, Start, SyncWeights,
                                     WeightsLoaded, WeightsPublished, WorkFinished)
 from aspc.plan import ExecutionPlan, StagePlan
@@ -150,11 +151,24 @@ class Simulation:
             self.held.append((self.now, held))
 
     # ---- actions ----
-    def act(self, action) -> None:
-        kind = type(action).__name__
-        handler = getattr(self, "_do_" + kind, None)
-        if handler is not None:
-            handler(action)
+    def act(self, action: Action) -> None:
+        match action:
+            case Dispatch():
+                self._do_Dispatch(action)
+            case RunWork():
+                self._do_RunWork(action)
+            case OptimizerStep():
+                self._do_OptimizerStep(action)
+            case SyncWeights():
+                self._do_SyncWeights(action)
+            case Finished():
+                self.done = True
+            case Checkpoint():
+                pass  # a checkpoint write is not priced yet (the simulator-fidelity issue)
+            case RestartInstance():
+                pass  # simulated instances never fail
+            case _:
+                assert_never(action)
 
     def _do_Dispatch(self, a: Dispatch) -> None:
         inst = self.instances[a.instance]
@@ -182,15 +196,6 @@ class Simulation:
             self.deferred_loads[a.instance] = (a.version, a.interrupt)
             return
         self._load(inst, a.version, a.interrupt)
-
-    def _do_Finished(self, a: Finished) -> None:
-        self.done = True
-
-    def _do_Checkpoint(self, a: Checkpoint) -> None:
-        pass
-
-    def _do_RestartInstance(self, a: RestartInstance) -> None:
-        pass
 
     # ---- generation ----
     def _schedule_instance(self, inst: GenInstance) -> None:
