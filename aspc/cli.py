@@ -213,7 +213,9 @@ def run(file, backend, runtime, address, steps, warmstart_steps, seed, metrics_p
     compiled = _compile(file, overrides, schedule, pipeline, None, False)
     request = RunRequest(file, steps, warmstart_steps, seed, metrics_path, trace_path, checkpoint_dir,
                          checkpoint_every, resume, runtime, address, threads)
-    run_training(request, _plan(compiled, pipeline))
+    from aspc.backends.cpu.executors import CpuExecutors
+
+    run_training(request, _plan(compiled, pipeline), CpuExecutors)
 
 
 def _run_ascend(file, overrides, schedule, pipeline, dry_run) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from aspc.controller import Controller, ControllerConfig
 from aspc.controller.events import InstanceIdle, SampleFinished, Start
+from aspc.backends.cpu.executors import CpuExecutors
 from aspc.runtime.local import LocalRuntime, RunOptions
 from aspc.runtime.ray_runtime import RayRuntime
 from aspc.toolchain import compile_with_passes
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def timed_run(cls, steps: int) -> float:
     plan = compile_with_passes(ROOT / "pipelines" / "tiny_grpo.aspl").plan()
-    runtime = cls(plan, ROOT / "pipelines", RunOptions(steps=steps))
+    runtime = cls(plan, ROOT / "pipelines", RunOptions(steps=steps), CpuExecutors)
     runtime.build()
     return runtime.run().wall_s
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from aspc.backends.cpu.calibrate import calibrate
 from aspc.backends.sim.result import simulate
 from aspc.runtime.accounting import bubble_shares
+from aspc.backends.cpu.executors import CpuExecutors
 from aspc.runtime.local import LocalRuntime, RunOptions
 from aspc.toolchain import compile_with_passes
 
@@ -33,7 +34,7 @@ def main() -> None:
         plan = compile_with_passes(ROOT / "pipelines" / "tiny_grpo.aspl", schedule=schedule).plan()
         if calibration is None:
             calibration = calibrate(plan.model(plan.stages_of("train")[0].model).arch)
-        runtime = LocalRuntime(plan, ROOT / "pipelines", RunOptions(steps=args.steps))
+        runtime = LocalRuntime(plan, ROOT / "pipelines", RunOptions(steps=args.steps), CpuExecutors)
         runtime.build()
         result = runtime.run()
         tokens = sum(m["samples"] * m["response_len"] for m in result.metrics)

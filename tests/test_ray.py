@@ -7,6 +7,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from aspc.backends.cpu.executors import CpuExecutors  # noqa: E402
 from aspc.runtime.local import LocalRuntime, RunOptions  # noqa: E402
 from aspc.runtime.ray_runtime import RayRuntime  # noqa: E402
 from aspc.toolchain import compile_with_passes  # noqa: E402
@@ -29,9 +30,10 @@ def local_ray():
 
 def test_ray_gives_the_local_runtimes_samples_per_step():
     options = RunOptions(steps=3, warmstart_steps=50)
-    local = LocalRuntime(plan(["schedule.staleness=0"]), ROOT / "pipelines", options)
+    local = LocalRuntime(plan(["schedule.staleness=0"]), ROOT / "pipelines", options, CpuExecutors)
     local.build()
-    on_ray = RayRuntime(plan(["schedule.staleness=0"]), ROOT / "pipelines", RunOptions(steps=3, warmstart_steps=50))
+    on_ray = RayRuntime(plan(["schedule.staleness=0"]), ROOT / "pipelines", RunOptions(steps=3, warmstart_steps=50),
+                        CpuExecutors)
     on_ray.build()
     a, b = local.run().metrics, on_ray.run().metrics
     assert [m["trained"] for m in a] == [m["trained"] for m in b]
@@ -42,7 +44,7 @@ def test_ray_gives_the_local_runtimes_samples_per_step():
 
 
 def test_a_killed_generation_actor_is_restarted_and_no_sample_is_lost_or_duplicated():
-    runtime = RayRuntime(plan(), ROOT / "pipelines", RunOptions(steps=6, warmstart_steps=20))
+    runtime = RayRuntime(plan(), ROOT / "pipelines", RunOptions(steps=6, warmstart_steps=20), CpuExecutors)
     runtime.build()
     victim = runtime.gen_workers[0].generator.actor
 
@@ -82,7 +84,7 @@ def test_without_ray_the_message_says_how_to_install_it(tmp_path):
 
 
 def test_actors_sit_in_the_pools_placement_group():
-    runtime = RayRuntime(plan(), ROOT / "pipelines", RunOptions(steps=1, warmstart_steps=0))
+    runtime = RayRuntime(plan(), ROOT / "pipelines", RunOptions(steps=1, warmstart_steps=0), CpuExecutors)
     runtime.build()
     table = ray.util.placement_group_table(runtime.placement)
     assert table["strategy"] == "STRICT_PACK"
@@ -93,7 +95,7 @@ def test_actors_sit_in_the_pools_placement_group():
 
 def test_a_learner_checkpoint_comes_back_from_the_actor(tmp_path):
     options = RunOptions(steps=2, warmstart_steps=0, checkpoint_dir=tmp_path / "ck", checkpoint_every=1)
-    runtime = RayRuntime(plan(), ROOT / "pipelines", options)
+    runtime = RayRuntime(plan(), ROOT / "pipelines", options, CpuExecutors)
     runtime.build()
     runtime.run()
     assert (tmp_path / "ck" / "latest").read_text().strip() == "step-000002"
@@ -106,7 +108,7 @@ def test_an_instance_that_keeps_failing_ends_the_run_with_a_clear_message():
     from aspc.runtime.ray_runtime import MAX_RESTARTS
     from aspc.runtime.workers import WorkerFailed
 
-    runtime = RayRuntime(plan(), ROOT / "pipelines", RunOptions(steps=10_000, warmstart_steps=0))
+    runtime = RayRuntime(plan(), ROOT / "pipelines", RunOptions(steps=10_000, warmstart_steps=0), CpuExecutors)
     runtime.build()
     killed = []
 

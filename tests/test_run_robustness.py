@@ -179,13 +179,14 @@ def test_each_worker_gets_a_share_of_the_cores(monkeypatch):
 
 
 def test_worker_threads_run_torch_with_their_share(monkeypatch):
+    from aspc.backends.cpu.executors import CpuExecutors
     from aspc.runtime.local import LocalRuntime, RunOptions
     from aspc.toolchain import compile_with_passes
 
     monkeypatch.delenv("ASPC_TORCH_THREADS", raising=False)
     plan = compile_with_passes(TINY, []).plan()
     for threads in (1, 2):
-        runtime = LocalRuntime(plan, TINY.parent, RunOptions(steps=1, warmstart_steps=0, threads=threads))
+        runtime = LocalRuntime(plan, TINY.parent, RunOptions(steps=1, warmstart_steps=0, threads=threads), CpuExecutors)
         runtime.build()
         runtime.run()
         workers = [runtime.learner_worker, *runtime.gen_workers]

@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from aspc.backends.cpu.executors import CpuExecutors
 from aspc.runtime.local import LocalRuntime, RunOptions
 from aspc.toolchain import compile_with_passes
 from conftest import ROOT
@@ -21,7 +22,8 @@ MARGIN = 0.02  # half the smallest rise of the sweep
 
 def train(pipeline, steps, schedule=None, overrides=(), evaluate=False, seed=0):
     plan = compile_with_passes(ROOT / "pipelines" / pipeline, list(overrides), schedule).plan()
-    runtime = LocalRuntime(plan, ROOT / "pipelines", RunOptions(steps=steps, warmstart_steps=200, seed=seed))
+    options = RunOptions(steps=steps, warmstart_steps=200, seed=seed)
+    runtime = LocalRuntime(plan, ROOT / "pipelines", options, CpuExecutors)
     runtime.build()
     before = runtime.accuracy(256) if evaluate else None
     result = runtime.run()

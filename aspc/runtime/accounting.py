@@ -2,7 +2,7 @@
 categories: each worker (generation instance or learner) counts as one device."""
 from __future__ import annotations
 
-from aspc.backends.sim.ledger import CATEGORIES, gaps, merge, split_by
+from aspc.bubbles import CATEGORIES, gaps, merge, split_by
 
 
 def bubble_shares(spans, wall: float) -> dict[str, float]:

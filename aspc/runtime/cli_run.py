@@ -13,17 +13,13 @@ from pathlib import Path
 
 import click
 
-from aspc.backends.cpu.checkpoint import CheckpointError
-from aspc.backends.cpu.data import DataError
-from aspc.backends.cpu.rewards import RewardError
 from aspc.controller.config import UnsupportedPlan
 from aspc.plan import ExecutionPlan
 from aspc.runtime.accounting import bubble_shares
 from aspc.runtime.local import LocalRuntime, RunOptions
+from aspc.runtime.roles import ExecutorsFactory
 from aspc.runtime.workers import WorkerFailed
 from aspc.trace import Span, shifted, write_trace
-
-USER_ERRORS = (DataError, RewardError, CheckpointError, UnsupportedPlan, ValueError)
 
 
 def check_cpu_plan(file: str, plan: ExecutionPlan) -> None:
@@ -58,7 +54,8 @@ class RunRequest:
     threads: int | None = None
 
 
-def run_training(request: RunRequest, plan: ExecutionPlan) -> None:
+def run_training(request: RunRequest, plan: ExecutionPlan, executors: ExecutorsFactory) -> None:
+    """Train `plan` with the backend's executors (the CLI passes the CPU backend's factory)."""
     check_cpu_plan(request.file, plan)
     if request.resume and request.checkpoint_dir is None:
         raise click.ClickException("--resume needs --checkpoint DIR (where the run saved its checkpoints)")
@@ -68,13 +65,13 @@ def run_training(request: RunRequest, plan: ExecutionPlan) -> None:
     options = RunOptions(request.steps, request.warmstart_steps, metrics, request.seed, progress.on_step,
                          progress.on_warmstart, Path(request.checkpoint_dir) if request.checkpoint_dir else None,
                          request.checkpoint_every, request.resume, request.threads)
-    session = _Session(request, plan, options, progress)
+    session = _Session(request, plan, options, progress, executors)
     try:
         result = session.train()
     except WorkerFailed as error:
         where = session.salvage()
         raise click.ClickException(f"{request.file}: {error}{where}") from None
-    except USER_ERRORS as error:
+    except (*executors.user_errors, UnsupportedPlan) as error:
         session.salvage()
         raise click.ClickException(f"{request.file}: {error}") from None
     except KeyboardInterrupt:
@@ -88,14 +85,15 @@ def run_training(request: RunRequest, plan: ExecutionPlan) -> None:
 class _Session:
     """One `aspc run`: builds the runtime, trains, and on any interruption keeps what was done."""
 
-    def __init__(self, request: RunRequest, plan, options: RunOptions, progress):
+    def __init__(self, request: RunRequest, plan, options: RunOptions, progress, executors: ExecutorsFactory):
         self.request, self.plan, self.options, self.progress = request, plan, options, progress
+        self.executors = executors
         self.runtime = None
         self.phase = "starting"
 
     def train(self):
         self.runtime = _runtime(self.request.runtime_kind, self.plan, Path(self.request.file).parent,
-                                self.options, self.request.address)
+                                self.options, self.executors, self.request.address)
         self.progress.runtime = self.runtime
         self.phase = "the warm start" if self.request.warmstart_steps and not self.request.resume else "start-up"
         self.runtime.build()
@@ -192,17 +190,17 @@ class _Progress:
             self.bar.close()
 
 
-def _runtime(kind: str, plan, base_dir: Path, options: RunOptions, address):
+def _runtime(kind: str, plan, base_dir: Path, options: RunOptions, executors: ExecutorsFactory, address):
     if kind == "local":
-        return LocalRuntime(plan, base_dir, options)
-    return _ray_runtime(plan, base_dir, options, address)
+        return LocalRuntime(plan, base_dir, options, executors)
+    return _ray_runtime(plan, base_dir, options, executors, address)
 
 
-def _ray_runtime(plan, base_dir: Path, options: RunOptions, address):
+def _ray_runtime(plan, base_dir: Path, options: RunOptions, executors: ExecutorsFactory, address):
     from aspc.runtime.ray_runtime import RayRuntime, RayUnavailable
 
     try:
-        return RayRuntime(plan, base_dir, options, address)
+        return RayRuntime(plan, base_dir, options, executors, address)
     except RayUnavailable as error:
         raise click.ClickException(str(error)) from None
     except ConnectionError as error:

@@ -2,7 +2,6 @@
 threads, the CPU backend's real model underneath. `aspc run --runtime local` (the default)."""
 from __future__ import annotations
 
-import copy
 import queue
 import threading
 import zlib
@@ -11,19 +10,12 @@ from functools import partial
 from pathlib import Path
 from typing import assert_never
 
-from aspc.backends.cpu.data import PromptSource
-from aspc.backends.cpu.generator import BatchGenerator
-from aspc.backends.cpu.slots import default_slots
-from aspc.backends.cpu.learner import Learner, Rollout, TrainSettings
-from aspc.backends.cpu.model import TinyQwen
-from aspc.backends.cpu.rewards import build_reward
-from aspc.backends.cpu.threads import use_threads
-from aspc.backends.cpu.warmstart import warm_start
 from aspc.controller import Controller, ControllerConfig
 from aspc.controller.events import (Action, Checkpoint, Dispatch, Finished, InstanceIdle, OptimizerStep,
                                     RestartInstance, RunWork, Start, SyncWeights, WeightsPublished)
 from aspc.plan import ExecutionPlan
 from aspc.runtime.metrics_file import MetricsFile, interrupts_held
+from aspc.runtime.roles import ExecutorsFactory
 from aspc.runtime.threads import threads_per_worker
 from aspc.runtime.workers import GenerationWorker, LearnerWorker, WorkerFailed, wall_clock
 
@@ -51,14 +43,15 @@ class RunResult:
 
 
 class LocalRuntime:
-    def __init__(self, plan: ExecutionPlan, base_dir: Path | None, options: RunOptions):
+    def __init__(self, plan: ExecutionPlan, base_dir: Path | None, options: RunOptions, executors: ExecutorsFactory):
+        """`executors`: the backend's factory (the CPU backend's CpuExecutors); building it reads
+        the data file, so a user's data error is raised here."""
         self.plan, self.options, self.base_dir = plan, options, base_dir
         every = options.checkpoint_every if options.checkpoint_dir is not None else 0
         self.config = ControllerConfig.from_plan(plan, options.steps, every)
         self.gen_stage, self.train_stage = plan.stages_of("generate")[0], plan.stages_of("train")[0]
         self.data = plan.dataset(self.gen_stage.data)
-        self.prompts = PromptSource(self.data.source, self.data.location, self.data.seed,
-                                    self.data.max_response, base_dir)
+        self.executors = executors(plan, base_dir, options.seed)
         self.events: queue.Queue = queue.Queue()
         self.results: dict = {}
         self.lock = threading.Lock()
@@ -73,41 +66,30 @@ class LocalRuntime:
     # ---- building ----
     def accuracy(self, count: int = 128) -> float:
         """Greedy reward of the current policy on held-out prompts."""
-        from aspc.backends.cpu.evaluate import greedy_accuracy
-
-        return greedy_accuracy(self.actor, self.prompts, self.reward_fn, count,
-                               dict(self.gen_stage.options)["max_tokens"])
+        return self.executors.accuracy(count)
 
     def _prompt(self, step: int, prompt: int):
-        return self.prompts(step * self.data.prompts_per_step + prompt)
+        return self.executors.prompt(step * self.data.prompts_per_step + prompt)
 
     def build(self) -> None:
-        self._check_supported()
         self.threads = threads_per_worker(self.config.instances + 1, self.options.threads)
-        actor_plan = self.plan.model(self.train_stage.model)
-        self.actor = TinyQwen(actor_plan.arch, seed=self.options.seed)
         resume_from = self._resume_point()
-        self.reward_fn = self._reward()
         if self.options.warmstart_steps and resume_from is None:
             self._warm_start()
-        use_threads(self.threads)
-        self.learner = Learner(self.actor, self._reference(), self._critic(), self._settings(), self.reward_fn)
+        self.executors.set_threads(self.threads)
+        self.learner = self.executors.trainer()
         self.start_version = self._load(resume_from) if resume_from else 0
-        self.weights[self.start_version] = copy.deepcopy(self.actor.state_dict())
+        self.weights[self.start_version] = self.executors.snapshot()
         saver = self._save if self.options.checkpoint_dir else None
         self.learner_worker = LearnerWorker(self.learner, self._rollouts, self.weights, self.step_metrics,
                                             self.events, self.clock, saver)
         self.learner_worker.completed = self.learner_worker.saved = self.start_version
-        slots = default_slots(self.data.samples_per_step, self.config.instances, self.data.group)
-        options = dict(self.gen_stage.options)
         self.gen_workers = []
         for i in range(self.config.instances):
-            model = copy.deepcopy(self.actor).eval()
-            generator = BatchGenerator(model, slots, options["max_tokens"], options["temperature"],
-                                       options["top_p"], static=self.gen_stage.batching != "continuous")
-            self.gen_workers.append(GenerationWorker(i, generator, self.weights, self.results, self.lock,
+            engine = self.executors.generation_engine(self.config.instances)
+            self.gen_workers.append(GenerationWorker(i, engine, self.weights, self.results, self.lock,
                                                      self.events, self.clock))
-        self.slots = slots
+        self.slots = self.gen_workers[0].generator.slots
         self.controller = Controller(self.config, lambda step, p: len(self._prompt(step, p).ids),
                                      self.start_version)
         self.metrics_file = MetricsFile(self.options.metrics_path, self.start_version if resume_from else None)
@@ -115,45 +97,35 @@ class LocalRuntime:
 
     def _warm_start(self) -> None:
         """Before the workers exist the main thread may use every core it is given."""
-        use_threads(threads_per_worker(1, self.options.threads))
+        self.executors.set_threads(threads_per_worker(1, self.options.threads))
         start = self.clock()
-        warm_start(self.actor, self.prompts, self.options.warmstart_steps, on_step=self.options.on_warmstart)
+        self.executors.warm_start(self.options.warmstart_steps, on_step=self.options.on_warmstart)
         self.warmstart_s = self.clock() - start
 
     # ---- checkpoints ----
-    def _check_supported(self) -> None:
-        if dict(self.train_stage.options).get("epochs", 1) != 1:
-            raise ValueError("the CPU backend trains one epoch per step; set epochs = 1")
-        if self.plan.stages_of("environment"):
-            raise ValueError("environment stages (agentic RL) are not executed by the CPU backend yet")
-
     def _resume_point(self):
         """The newest intact checkpoint of this run's configuration, or None (a fresh start)."""
-        from aspc.backends.cpu import checkpoint
-
         directory = self.options.checkpoint_dir
         if directory is None:
             return None
         if not self.options.resume:
-            _refuse_to_mix_runs(directory)
+            _refuse_to_mix_runs(directory, self.executors)
             return None
-        point = checkpoint.find_resume_point(directory)
+        point = self.executors.find_resume_point(directory)
         if point is None:
             self.resume_notes.append(f"no checkpoint in {directory}: starting from step 0")
             return None
-        self._check_same_run(point, checkpoint.read_manifest(point.path).get("config", {}))
+        self._check_same_run(point, self.executors.read_manifest(point.path).get("config", {}))
         self.resume_notes += [f"skipped {why}" for why in point.skipped]
         self.resumed = point.path
         return point.path
 
     def _check_same_run(self, point, saved: dict) -> None:
-        from aspc.backends.cpu.checkpoint import CheckpointError
-
         now = self._fingerprint()
         different = [f"{key}: {saved.get(key)!r} in the checkpoint, {now[key]!r} now"
                      for key in now if saved.get(key) != now[key]]
         if different:
-            raise CheckpointError(
+            raise self.executors.checkpoint_error(
                 f"{point.path} belongs to another run (" + "; ".join(different) + "); resume with the "
                 "pipeline and options that wrote it, or start afresh with another --checkpoint folder")
 
@@ -166,23 +138,17 @@ class LocalRuntime:
                         f"group={d.group}"}
 
     def _parts(self):
-        l = self.learner
-        return ({"actor": l.actor, "reference": l.ref, "critic": l.critic},
-                {"actor": l.optimizer, "critic": l.critic_optimizer})
+        return self.executors.parts(self.learner)
 
     def _save(self, version: int) -> None:
-        from aspc.backends.cpu import checkpoint
-
         models, optimizers = self._parts()
-        checkpoint.save(self.options.checkpoint_dir, version, models, optimizers,
+        self.executors.save_checkpoint(self.options.checkpoint_dir, version, models, optimizers,
                         {"pipeline": self.plan.pipeline, "schedule": self.plan.schedule,
                          "config": self._fingerprint()})
 
     def _load(self, path) -> int:
-        from aspc.backends.cpu import checkpoint
-
         models, optimizers = self._parts()
-        return checkpoint.load(path, models, optimizers)["version"]
+        return self.executors.load_checkpoint(path, models, optimizers)["version"]
 
     def save_now(self) -> int | None:
         """After an interruption, once the workers stopped: record the metrics of every step the
@@ -199,47 +165,14 @@ class LocalRuntime:
             worker.saved = worker.completed
         return worker.saved
 
-    def _reference(self):
-        stages = self.plan.stages_of("reference")
-        if not stages:
-            return None
-        model = self.plan.model(stages[0].model)
-        if model.frozen_of == self.train_stage.model:
-            return copy.deepcopy(self.actor).eval()
-        return TinyQwen(model.arch, seed=self.options.seed + 1).eval()
-
-    def _critic(self):
-        stages = self.plan.stages_of("critic")
-        if not stages:
-            return None
-        return TinyQwen(self.plan.model(stages[0].model).arch, seed=self.options.seed + 2, value_head=True)
-
-    def _reward(self):
-        stages = self.plan.stages_of("reward")
-        return build_reward(dict(stages[0].options)["sources"], self.base_dir)
-
-    def _settings(self) -> TrainSettings:
-        t = dict(self.train_stage.options)
-        adv = dict(self.plan.stages_of("advantage")[0].options)
-        critic = self.plan.stages_of("critic")
-        return TrainSettings(
-            loss=t["loss"], lr=t["lr"], kl=t["kl"], clip=t["clip"], clip_high=t["clip_high"],
-            value_coef=t["value_coef"], entropy_coef=t["entropy_coef"], micro_tokens=t["micro_tokens"],
-            weight_decay=t["weight_decay"], grad_clip=t["grad_clip"], overlong=t["overlong"],
-            max_tokens=dict(self.gen_stage.options)["max_tokens"], estimator=adv["estimator"],
-            gamma=adv["gamma"], lam=adv["lam"], normalize=adv["normalize"], group=self.data.group,
-            critic_lr=dict(critic[0].options)["lr"] if critic else 1e-5)
-
-    def _rollouts(self, samples) -> list[Rollout]:
+    def _rollouts(self, samples) -> list:
         out = []
         for sample in samples:
             with self.lock:
                 finished = self.results[sample]
                 rollout = self.rollouts.get(sample)
                 if rollout is None:
-                    prompt = self._prompt(*sample[:2])
-                    rollout = Rollout(finished.prompt, finished.response, finished.logprobs, prompt.text,
-                                      prompt.answer, prompt.metadata, key=sample)
+                    rollout = self.executors.rollout(sample, finished, self._prompt(*sample[:2]))
                     self.rollouts[sample] = rollout
             out.append(rollout)
         return out
@@ -259,7 +192,7 @@ class LocalRuntime:
         if self.complete:
             return result
         for worker in [self.learner_worker, *self.gen_workers]:
-            worker.setup = partial(use_threads, self.threads)
+            worker.setup = partial(self.executors.set_threads, self.threads)
             worker.start()
         try:
             self._handle(Start())
@@ -353,13 +286,11 @@ class LocalRuntime:
         self.stopped = True
 
 
-def _refuse_to_mix_runs(directory: Path) -> None:
+def _refuse_to_mix_runs(directory: Path, executors) -> None:
     """A fresh run must not write its checkpoints among another run's: a later --resume would
     take whichever step is newest, from either run."""
-    from aspc.backends.cpu.checkpoint import CheckpointError, step_folders
-
-    existing = sorted(step_folders(directory))
+    existing = sorted(executors.step_folders(directory))
     if existing:
-        raise CheckpointError(
+        raise executors.checkpoint_error(
             f"{directory} already holds checkpoints of a run (up to {existing[-1][1].name}); continue that run "
             "with --resume, or give a new run another --checkpoint folder")

@@ -35,18 +35,11 @@ def start_ray(address: str | None):
     return ray
 
 
-def _one_thread() -> None:
-    """A CPU actor holds a fraction of a core (CPU_SHARE): one torch thread, never one per core."""
-    from aspc.backends.cpu.threads import use_threads
-
-    use_threads(1)
-
-
 class _GeneratorActor:
     """Inside a Ray worker: the CPU backend's generator for one instance."""
 
-    def __init__(self, generator, state):
-        _one_thread()
+    def __init__(self, generator, state, set_threads):
+        set_threads(1)  # a CPU actor holds a fraction of a core (CPU_SHARE): one thread, not one per core
         self.generator = generator
         self.generator.load_weights(state)
 
@@ -100,8 +93,8 @@ class RemoteGenerator:
 class _LearnerActor:
     """Inside a Ray worker: the learner, keeping each sample's rollout between its stages."""
 
-    def __init__(self, learner):
-        _one_thread()
+    def __init__(self, learner, set_threads):
+        set_threads(1)
         self.learner, self.rollouts = learner, {}
 
     def run(self, method, rollouts):
@@ -143,8 +136,8 @@ class RemoteLearner:
 
 
 class RayRuntime(LocalRuntime):
-    def __init__(self, plan, base_dir, options, address: str | None = None):
-        super().__init__(plan, base_dir, options)
+    def __init__(self, plan, base_dir, options, executors, address: str | None = None):
+        super().__init__(plan, base_dir, options, executors)
         self.ray = start_ray(address)
         self.restarts: dict[int, int] = {}
 
@@ -157,7 +150,9 @@ class RayRuntime(LocalRuntime):
         for worker in self.gen_workers:
             self._templates[worker.index] = copy.deepcopy(worker.generator)
             worker.generator = self._remote_generator(worker.index)
-        learner_actor = ray.remote(_LearnerActor).options(**self._bundle(len(self.gen_workers))).remote(self.learner)
+        learner_options = self._bundle(len(self.gen_workers))
+        learner_actor = ray.remote(_LearnerActor).options(**learner_options).remote(self.learner,
+                                                                                    self.executors.set_threads)
         self.learner_worker.learner = RemoteLearner(ray, learner_actor)
 
     def _placement_group(self):
@@ -182,7 +177,8 @@ class RayRuntime(LocalRuntime):
     def _remote_generator(self, index: int) -> RemoteGenerator:
         version = max(self.weights)
         actor = self._gen_actor.options(**self._bundle(index)).remote(self._templates[index],
-                                                                      self.ray.put(self.weights[version]))
+                                                                      self.ray.put(self.weights[version]),
+                                                                      self.executors.set_threads)
         return RemoteGenerator(self.ray, actor)
 
     def _stop(self, drain: bool = False) -> None:

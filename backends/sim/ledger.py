@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from aspc.bubbles import CATEGORIES, gaps, merge, split_by, step_function_positive  # noqa: F401 - re-exported
 from aspc.trace import Span
-
-CATEGORIES = ("useful", "padding", "skewness", "sorting", "sync", "idle")
 
 
 @dataclass
@@ -34,51 +33,3 @@ class Ledger:
         accounted = sum(v for k, v in self.device_seconds.items() if k != "idle")
         self.device_seconds["idle"] = max(0.0, total_device_seconds - accounted)
         return {c: self.device_seconds.get(c, 0.0) for c in CATEGORIES}
-
-
-def merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for start, end in sorted(intervals):
-        if out and start <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], end)
-        elif end > start:
-            out.append([start, end])
-    return [(a, b) for a, b in out]
-
-
-def gaps(busy: list[tuple[float, float]], start: float, end: float) -> list[tuple[float, float]]:
-    """The parts of [start, end] not covered by the merged intervals `busy`."""
-    out, cursor = [], start
-    for a, b in merge(busy):
-        if b <= cursor:
-            continue
-        if a > cursor:
-            out.append((cursor, min(a, end)))
-        cursor = max(cursor, b)
-        if cursor >= end:
-            break
-    if cursor < end:
-        out.append((cursor, end))
-    return [(a, b) for a, b in out if b > a]
-
-
-def split_by(interval: tuple[float, float], cover: list[tuple[float, float]]):
-    """(covered parts, uncovered parts) of an interval against merged intervals."""
-    uncovered = gaps(cover, *interval)
-    a, b = interval
-    covered = gaps(uncovered, a, b)
-    return covered, uncovered
-
-
-def step_function_positive(points: list[tuple[float, int]]) -> list[tuple[float, float]]:
-    """Intervals where a step function (time, value) is > 0."""
-    out, since = [], None
-    for t, v in points:
-        if v > 0 and since is None:
-            since = t
-        elif v <= 0 and since is not None:
-            out.append((since, t))
-            since = None
-    if since is not None:
-        out.append((since, float("inf")))
-    return out

@@ -1,0 +1,123 @@
+"""The CPU backend behind the executor roles (aspc/runtime/roles.py): from an execution plan, the
+policy and its warm start, generation engines, the trainer, prompts, checkpoints and evaluation.
+The local and Ray drivers reach the CPU backend only through this object, which the CLI (or a
+test) hands them; they import no backend module."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+from aspc.backends.cpu import checkpoint
+from aspc.backends.cpu.checkpoint import CheckpointError
+from aspc.backends.cpu.data import DataError, Prompt, PromptSource
+from aspc.backends.cpu.generator import BatchGenerator
+from aspc.backends.cpu.learner import Learner, Rollout, TrainSettings
+from aspc.backends.cpu.model import TinyQwen
+from aspc.backends.cpu.rewards import RewardError, build_reward
+from aspc.backends.cpu.slots import default_slots
+from aspc.backends.cpu.threads import use_threads
+from aspc.backends.cpu.warmstart import warm_start
+from aspc.plan import ExecutionPlan
+
+
+class CpuExecutors:
+    """One run's CPU executors. Raises DataError (the data file) or ValueError (a plan shape the
+    CPU backend does not execute) when built."""
+
+    platform = "cpu"
+    user_errors = (DataError, RewardError, CheckpointError, ValueError)
+    checkpoint_error = CheckpointError
+    set_threads = staticmethod(use_threads)  # a plain function: Ray actors call it after unpickling
+
+    def __init__(self, plan: ExecutionPlan, base_dir: Path | None, seed: int = 0):
+        self.plan, self.base_dir, self.seed = plan, base_dir, seed
+        self.gen_stage, self.train_stage = plan.stages_of("generate")[0], plan.stages_of("train")[0]
+        self.data = plan.dataset(self.gen_stage.data)
+        _check_supported(plan, self.train_stage)
+        self.prompts = PromptSource(self.data.source, self.data.location, self.data.seed,
+                                    self.data.max_response, base_dir)
+        self.actor = TinyQwen(plan.model(self.train_stage.model).arch, seed=seed)
+        self.reward_fn = build_reward(dict(plan.stages_of("reward")[0].options)["sources"], base_dir)  # fails early
+        self.learner = None
+
+    # ---- the policy ----
+    def prompt(self, index: int) -> Prompt:
+        return self.prompts(index)
+
+    def warm_start(self, steps: int, on_step=None) -> None:
+        warm_start(self.actor, self.prompts, steps, on_step=on_step)
+
+    def snapshot(self) -> dict:
+        return copy.deepcopy(self.actor.state_dict())
+
+    def generation_engine(self, instances: int) -> BatchGenerator:
+        options = dict(self.gen_stage.options)
+        slots = default_slots(self.data.samples_per_step, instances, self.data.group)
+        return BatchGenerator(copy.deepcopy(self.actor).eval(), slots, options["max_tokens"],
+                              options["temperature"], options["top_p"],
+                              static=self.gen_stage.batching != "continuous")
+
+    def trainer(self) -> Learner:
+        """The learner (reward, reference, critic, policy update) over the same actor; built after
+        the warm start, since the reference is a frozen copy of the warm-started actor."""
+        if self.learner is None:
+            self.learner = Learner(self.actor, self._reference(), self._critic(), self._settings(), self.reward_fn)
+        return self.learner
+
+    def rollout(self, sample, finished, prompt: Prompt) -> Rollout:
+        return Rollout(finished.prompt, finished.response, finished.logprobs, prompt.text, prompt.answer,
+                       prompt.metadata, key=sample)
+
+    def accuracy(self, count: int = 128) -> float:
+        """Greedy reward of the current policy on held-out prompts."""
+        from aspc.backends.cpu.evaluate import greedy_accuracy
+
+        return greedy_accuracy(self.actor, self.prompts, self.reward_fn, count,
+                               dict(self.gen_stage.options)["max_tokens"])
+
+    # ---- checkpoints ----
+    @staticmethod
+    def parts(learner) -> tuple[dict, dict]:
+        return ({"actor": learner.actor, "reference": learner.ref, "critic": learner.critic},
+                {"actor": learner.optimizer, "critic": learner.critic_optimizer})
+
+    save_checkpoint = staticmethod(checkpoint.save)
+    load_checkpoint = staticmethod(checkpoint.load)
+    find_resume_point = staticmethod(checkpoint.find_resume_point)
+    read_manifest = staticmethod(checkpoint.read_manifest)
+    step_folders = staticmethod(checkpoint.step_folders)
+
+    # ---- building ----
+    def _reference(self):
+        stages = self.plan.stages_of("reference")
+        if not stages:
+            return None
+        model = self.plan.model(stages[0].model)
+        if model.frozen_of == self.train_stage.model:
+            return copy.deepcopy(self.actor).eval()
+        return TinyQwen(model.arch, seed=self.seed + 1).eval()
+
+    def _critic(self):
+        stages = self.plan.stages_of("critic")
+        if not stages:
+            return None
+        return TinyQwen(self.plan.model(stages[0].model).arch, seed=self.seed + 2, value_head=True)
+
+    def _settings(self) -> TrainSettings:
+        t = dict(self.train_stage.options)
+        adv = dict(self.plan.stages_of("advantage")[0].options)
+        critic = self.plan.stages_of("critic")
+        return TrainSettings(
+            loss=t["loss"], lr=t["lr"], kl=t["kl"], clip=t["clip"], clip_high=t["clip_high"],
+            value_coef=t["value_coef"], entropy_coef=t["entropy_coef"], micro_tokens=t["micro_tokens"],
+            weight_decay=t["weight_decay"], grad_clip=t["grad_clip"], overlong=t["overlong"],
+            max_tokens=dict(self.gen_stage.options)["max_tokens"], estimator=adv["estimator"],
+            gamma=adv["gamma"], lam=adv["lam"], normalize=adv["normalize"], group=self.data.group,
+            critic_lr=dict(critic[0].options)["lr"] if critic else 1e-5)
+
+
+def _check_supported(plan: ExecutionPlan, train_stage) -> None:
+    if dict(train_stage.options).get("epochs", 1) != 1:
+        raise ValueError("the CPU backend trains one epoch per step; set epochs = 1")
+    if plan.stages_of("environment"):
+        raise ValueError("environment stages (agentic RL) are not executed by the CPU backend yet")
