@@ -17,6 +17,7 @@ class Hardware:
     hbm_gib: float
     hbm_tbps: float
     link_gbps: float
+    ray_resource: str = "CPU"  # how Ray schedules one device of this kind: NPU, GPU or CPU
 
     @property
     def hbm_bytes(self) -> float:

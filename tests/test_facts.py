@@ -54,3 +54,13 @@ def test_expert_parallelism_shards_only_experts():
     ep8 = generation_need(arch, "bf16", Parallel(tp=1, dp=8, ep=8), 1).parts[0][1]
     assert ep8 == pytest.approx((arch.dense_params() + arch.expert_params() / 8) * 2)
     assert ep8 < dense
+
+
+def test_each_device_kind_names_the_ray_resource_it_is_scheduled_as():
+    from aspc.facts import hardware_table
+
+    table = hardware_table()
+    assert {name: hw.ray_resource for name, hw in table.items() if name.startswith("910")} == \
+        {name: "NPU" for name in table if name.startswith("910")}
+    assert table["cpu"].ray_resource == "CPU"
+    assert {hw.ray_resource for hw in table.values()} <= {"NPU", "GPU", "CPU"}

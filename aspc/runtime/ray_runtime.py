@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+from aspc.facts import hardware_table
 from aspc.runtime.local import LocalRuntime
 from aspc.runtime.workers import InstanceLost, WorkerFailed
 
@@ -162,7 +163,8 @@ class RayRuntime(LocalRuntime):
 
         pool = self.plan.pool(self.gen_stage.pool)
         per_instance = self.gen_stage.parallel.devices
-        resource = {"NPU": per_instance} if pool.hardware.startswith("910") else {"CPU": CPU_SHARE}
+        kind = hardware_table()[pool.hardware].ray_resource  # NPU on Ascend pools, from aspc/data/hardware.toml
+        resource = {kind: per_instance} if kind != "CPU" else {"CPU": CPU_SHARE}
         bundles = [dict(resource) for _ in self.gen_workers] + [{"CPU": CPU_SHARE}]
         group = placement_group(bundles, strategy="STRICT_PACK" if per_instance <= 8 else "PACK")
         self.ray.get(group.ready(), timeout=60)
