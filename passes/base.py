@@ -20,6 +20,9 @@ class Pass:
 
     name: ClassVar[str] = ""
     bubble: ClassVar[str] = ""  # which bubble it removes (docs, inspect)
+    # passes that, when a pipeline has them, must run before this one: name -> why (checked by the
+    # pass manager before anything runs)
+    after: ClassVar[dict[str, str]] = {}
 
     def apply(self, graph: StageGraph) -> StageGraph:
         raise NotImplementedError

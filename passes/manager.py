@@ -32,6 +32,7 @@ def run_passes(graph: StageGraph, specs: list[PassSpec], verify_each: bool = Tru
         raise AsplError([Diagnostic("error", specs[0].span if specs else _nowhere(),
                                     f"--emit-after {emit_after}: no such pass in the pipeline",
                                     f"passes in this pipeline: {names}")])
+    _check_order(specs)
     run = PassRun(graph)
     for spec in specs:
         after = _apply(spec, run.graph, [s.spec.instance.spec() for s in run.steps], verify_each)
@@ -40,6 +41,17 @@ def run_passes(graph: StageGraph, specs: list[PassSpec], verify_each: bool = Tru
         if spec.instance.name == emit_after:
             break
     return run
+
+
+def _check_order(specs: list[PassSpec]) -> None:
+    """Every declared ordering constraint (`Pass.after`) holds, or one error per broken one."""
+    position = {s.instance.name: i for i, s in enumerate(specs)}
+    errors = [Diagnostic("error", spec.span, f"pass '{spec.instance.name}' must run after '{name}': {why}",
+                         f"move '{spec.instance.name}' after '{name}' in the pipeline")
+              for i, spec in enumerate(specs) for name, why in spec.instance.after.items()
+              if position.get(name, -1) > i]
+    if errors:
+        raise AsplError(errors)
 
 
 def _apply(spec: PassSpec, graph: StageGraph, before: list[str], verify_each: bool) -> StageGraph:

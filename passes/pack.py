@@ -29,6 +29,7 @@ SAMPLED_SEQUENCES = 2048  # at least this many sampled sequences (whole steps, a
 @dataclass(frozen=True)
 class Pack(Pass):
     name = "pack"
+    after = {"stream": "it packs the streamed units of `micro` samples the stages will really receive"}
     bubble = "padding"
     tokens: int = 0  # 0: each stage's micro_tokens (the train stages' for forward-only stages)
     buckets: int = 4

@@ -16,6 +16,7 @@ from aspc.passes.base import Pass, PassError
 @dataclass(frozen=True)
 class PartialRollout(Pass):
     name = "partial-rollout"
+    after = {"async-decouple": "a split sample stays usable only within the staleness bound it sets"}
     bubble = "skewness"
     max_split: int = 2
 

@@ -23,6 +23,8 @@ GROUP_ESTIMATORS = ("grpo", "dapo", "rloo")
 class Stream(Pass):
     name = "stream"
     bubble = "sorting"
+    after = {"place": "it keeps the barrier of stages that time-share devices with generation, "
+                      "which only `place` decides"}
     micro: int = 16
 
     def apply(self, graph: StageGraph) -> StageGraph:

@@ -53,10 +53,22 @@ def test_schedule_flag_overrides_the_file(aspc):
 
 
 def test_failing_pass_is_named_with_the_passes_before_it(aspc):
-    result = aspc("compile", "pipelines/tiny_grpo.aspl", "-p", "continuous-batching,stream{micro=3},place")
+    result = aspc("compile", "pipelines/tiny_grpo.aspl", "-p", "continuous-batching,place,stream{micro=3}")
     assert result.exit_code == 1
     assert "pass 'stream' failed" in result.stderr
-    assert "passes before it: continuous-batching" in result.stderr
+    assert "passes before it: continuous-batching, place" in result.stderr
+
+
+def test_declared_pass_order_is_checked_before_any_pass_runs(aspc):
+    result = aspc("compile", "pipelines/tiny_grpo.aspl", "-p", "continuous-batching,stream,place,pack,"
+                  "partial-rollout,async-decouple")
+    assert result.exit_code == 1
+    assert "pass 'stream' must run after 'place'" in result.stderr
+    assert "pass 'partial-rollout' must run after 'async-decouple'" in result.stderr
+    assert "pass 'pack' must run after" not in result.stderr  # pack follows stream here
+    assert "failed" not in result.stderr
+    every_schedule = [aspc("compile", "pipelines/grpo_7b.aspl", "--schedule", s) for s in ("asp", "sync", "sync-naive")]
+    assert all(r.exit_code == 0 for r in every_schedule)
 
 
 def test_plan_without_place_is_a_clear_error(aspc):
