@@ -160,7 +160,9 @@ def simulate(file, compare, steps, trace_path, plot_path, overrides, schedule, p
     for kind in schedules:
         compiled = _compile(file, overrides, kind, pipeline, None, False)
         plans.append(_plan(compiled, pipeline))
-    _refuse_unpriced(file, overrides, compiled, plans[0])
+    from aspc.backends.sim.coverage import unpriced_stages
+
+    _refuse_at_stages(file, overrides, compiled, unpriced_stages(plans[0]))
     results = []
     with _progress(len(plans) * steps) as bar:
         for plan in plans:
@@ -215,7 +217,9 @@ def run(file, backend, runtime, address, steps, warmstart_steps, seed, metrics_p
                          checkpoint_every, resume, runtime, address, threads)
     from aspc.backends.cpu.executors import CpuExecutors
 
-    run_training(request, _plan(compiled, pipeline), CpuExecutors)
+    plan = _plan(compiled, pipeline)
+    _refuse_at_stages(file, overrides, compiled, CpuExecutors.unsupported(plan))
+    run_training(request, plan, CpuExecutors)
 
 
 def _run_ascend(file, overrides, schedule, pipeline, dry_run) -> None:
@@ -276,16 +280,17 @@ def _write_pictures(results, trace_path, plot_path) -> None:
         raise click.ClickException(f"cannot write {error.filename}: {error.strerror}") from None
 
 
-def _refuse_unpriced(file, overrides, compiled: Compiled, plan) -> None:
-    """A stage the simulator cannot price is an error at its source line, never a free stage."""
-    from aspc.backends.sim.coverage import unpriced_stages
+def _refuse_at_stages(file, overrides, compiled: Compiled, refusals) -> None:
+    """Stages a backend cannot execute or price: an error at each one's line (or the option that
+    causes it), exit 1, before anything runs."""
     from aspc.diagnostics import Diagnostic
     from aspc.span import Span
 
-    diagnostics = [Diagnostic("error", compiled.graph.stage(u.stage).span or Span.point(file),
-                              f"stage '{u.stage}': the simulator cannot price {u.what} yet and would count them "
-                              "as free", u.hint)
-                   for u in unpriced_stages(plan)]
+    diagnostics = []
+    for refusal in refusals:
+        stage = compiled.graph.stage(refusal.stage)
+        span = (refusal.option and stage.option_span(refusal.option)) or stage.span or Span.point(file)
+        diagnostics.append(Diagnostic("error", span, refusal.message, refusal.hint))
     if diagnostics:
         click.echo(render_all(diagnostics, _sources(file, overrides)), err=True)
         sys.exit(1)

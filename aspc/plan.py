@@ -11,7 +11,7 @@ import json
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from aspc.facts import ModelArch
 from aspc.ir import Parallel, Stage, StageGraph, StageKind
@@ -254,6 +254,16 @@ def _name(hint: Any) -> str:
     if typing.get_origin(hint) is not tuple:
         return getattr(hint, "__name__", str(hint))
     return "a list" if typing.get_args(hint)[-1] is Ellipsis else f"a list of {len(typing.get_args(hint))}"
+
+
+class StageRefusal(NamedTuple):
+    """A stage a backend cannot execute or price: refused before the run, at the stage's line (or
+    at `option`'s, when one option causes it), never skipped or counted as free."""
+
+    stage: str
+    message: str
+    hint: str
+    option: str | None = None
 
 
 class PlanError(Exception):

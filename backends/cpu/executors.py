@@ -17,7 +17,7 @@ from aspc.backends.cpu.rewards import RewardError, build_reward
 from aspc.backends.cpu.slots import default_slots
 from aspc.backends.cpu.threads import use_threads
 from aspc.backends.cpu.warmstart import warm_start
-from aspc.plan import ExecutionPlan
+from aspc.plan import ExecutionPlan, StageRefusal
 
 
 class CpuExecutors:
@@ -33,12 +33,18 @@ class CpuExecutors:
         self.plan, self.base_dir, self.seed = plan, base_dir, seed
         self.gen_stage, self.train_stage = plan.stages_of("generate")[0], plan.stages_of("train")[0]
         self.data = plan.dataset(self.gen_stage.data)
-        _check_supported(plan, self.train_stage)
+        refused = unsupported_stages(plan)
+        if refused:
+            raise ValueError(refused[0].message)
         self.prompts = PromptSource(self.data.source, self.data.location, self.data.seed,
                                     self.data.max_response, base_dir)
         self.actor = TinyQwen(plan.model(self.train_stage.model).arch, seed=seed)
         self.reward_fn = build_reward(dict(plan.stages_of("reward")[0].options)["sources"], base_dir)  # fails early
         self.learner = None
+
+    @staticmethod
+    def unsupported(plan: ExecutionPlan) -> list[StageRefusal]:
+        return unsupported_stages(plan)
 
     # ---- the policy ----
     def prompt(self, index: int) -> Prompt:
@@ -116,8 +122,20 @@ class CpuExecutors:
             critic_lr=dict(critic[0].options)["lr"] if critic else 1e-5)
 
 
-def _check_supported(plan: ExecutionPlan, train_stage) -> None:
-    if dict(train_stage.options).get("epochs", 1) != 1:
-        raise ValueError("the CPU backend trains one epoch per step; set epochs = 1")
-    if plan.stages_of("environment"):
-        raise ValueError("environment stages (agentic RL) are not executed by the CPU backend yet")
+def unsupported_stages(plan: ExecutionPlan) -> list[StageRefusal]:
+    """What the CPU backend cannot execute, refused before the run (the CLI points at each)."""
+    found = []
+    for stage in plan.stages:
+        if stage.kind == "train" and dict(stage.options).get("epochs", 1) != 1:
+            found.append(StageRefusal(stage.name, f"stage '{stage.name}': the CPU backend trains one epoch per "
+                                                  "step", "set epochs = 1", "epochs"))
+        if stage.kind == "environment":
+            found.append(StageRefusal(stage.name, f"stage '{stage.name}': the CPU backend does not execute "
+                                                  "environment stages (agentic RL) yet",
+                                      "run the pipeline without the environment stage"))
+        for source in dict(stage.options).get("sources", ()) if stage.kind == "reward" else ():
+            if source.func not in ("rule", "python"):
+                found.append(StageRefusal(stage.name, f"stage '{stage.name}': the CPU backend does not execute "
+                                                      f"{source.func}(...) reward sources yet",
+                                          "use rule(...) or python(...) sources"))
+    return found

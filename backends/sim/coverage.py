@@ -3,9 +3,7 @@ free. Nothing the language accepts is silently ignored (the reward-model, judge 
 issues, 12 and 13, will price these)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from aspc.plan import ExecutionPlan
+from aspc.plan import ExecutionPlan, StageRefusal
 
 UNPRICED_SOURCES = {
     "model": "a reward model's scoring pass",
@@ -13,22 +11,20 @@ UNPRICED_SOURCES = {
 }
 
 
-@dataclass(frozen=True)
-class Unpriced:
-    stage: str
-    what: str
-    hint: str
-
-
-def unpriced_stages(plan: ExecutionPlan) -> list[Unpriced]:
+def unpriced_stages(plan: ExecutionPlan) -> list[StageRefusal]:
     found = []
     for stage in plan.stages:
         if stage.kind == "environment":
-            found.append(Unpriced(stage.name, "environment stages (multi-turn episodes, tool calls)",
+            found.append(_refusal(stage.name, "environment stages (multi-turn episodes, tool calls)",
                                   "simulate the pipeline without the environment stage until agentic RL is priced"))
         for source in dict(stage.options).get("sources", ()) if stage.kind == "reward" else ():
             if source.func in UNPRICED_SOURCES:
-                what = f"{source.func}(...) reward sources ({UNPRICED_SOURCES[source.func]})"
-                found.append(Unpriced(stage.name, what,
+                found.append(_refusal(stage.name, f"{source.func}(...) reward sources "
+                                                  f"({UNPRICED_SOURCES[source.func]})",
                                       "use rule(...) or python(...) sources to simulate the rest of the pipeline"))
     return found
+
+
+def _refusal(stage: str, what: str, hint: str) -> StageRefusal:
+    return StageRefusal(stage, f"stage '{stage}': the simulator cannot price {what} yet and would count "
+                               "them as free", hint)
