@@ -17,7 +17,7 @@ from aspc.plan import ExecutionPlan
 from aspc.runtime.metrics_file import MetricsFile, interrupts_held
 from aspc.runtime.roles import ExecutorsFactory
 from aspc.runtime.threads import threads_per_worker
-from aspc.runtime.workers import GenerationWorker, LearnerWorker, WorkerFailed, wall_clock
+from aspc.runtime.workers import Clock, GenerationWorker, LearnerWorker, WorkerFailed
 
 
 @dataclass
@@ -46,7 +46,7 @@ class LocalRuntime:
     def __init__(self, plan: ExecutionPlan, base_dir: Path | None, options: RunOptions, executors: ExecutorsFactory):
         """`executors`: the backend's factory (the CPU backend's CpuExecutors); building it reads
         the data file, so a user's data error is raised here."""
-        self.plan, self.options, self.base_dir = plan, options, base_dir
+        self.plan, self.options = plan, options
         every = options.checkpoint_every if options.checkpoint_dir is not None else 0
         self.config = ControllerConfig.from_plan(plan, options.steps, every)
         self.gen_stage, self.train_stage = plan.stages_of("generate")[0], plan.stages_of("train")[0]
@@ -57,7 +57,7 @@ class LocalRuntime:
         self.lock = threading.Lock()
         self.weights: dict[int, dict] = {}
         self.step_metrics: dict[int, dict] = {}
-        self.clock = wall_clock()
+        self.clock = Clock()
         self.warmstart_s = 0.0
         self.resume_notes: list[str] = []  # what resuming chose and skipped, for the user
         self.resumed = None  # the checkpoint folder a resumed run continues from

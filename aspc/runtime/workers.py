@@ -149,6 +149,3 @@ class Clock:
     def reset(self) -> None:
         self.origin = time.perf_counter()
 
-
-def wall_clock() -> Clock:
-    return Clock()
