@@ -15,8 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from aspc.compiler import compile_source
-from aspc.parser import _fast_lark, _lark
+from aspc.frontend.compiler import compile_source
+from aspc.frontend.parser import _fast_lark, _lark
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,7 +57,7 @@ def check_seconds(path: Path, repeat: int) -> tuple[float, int]:
     samples, printed = [], 0
     for _ in range(repeat):
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "aspc.cli", "check", str(path)], capture_output=True)
+        done = subprocess.run([sys.executable, "-m", "aspc.cli.main", "check", str(path)], capture_output=True)
         samples.append(time.perf_counter() - start)
         assert done.returncode == 0, done.stderr.decode()[-2000:]
         printed = len(done.stdout) + len(done.stderr)

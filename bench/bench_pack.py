@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aspc.ir import StageKind
-from aspc.passes.packing import padding_report
-from aspc.toolchain import compile_with_passes
-from aspc.workload import sample_step
+from aspc.ir.graph import StageKind
+from aspc.algorithms.packing import padding_report
+from aspc.plan.toolchain import compile_with_passes
+from aspc.costmodel.workload import sample_step
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = ["grpo_7b", "dapo_32b", "grpo_30b_moe", "r1_zero_671b"]

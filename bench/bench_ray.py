@@ -12,9 +12,9 @@ from pathlib import Path
 from aspc.controller import Controller, ControllerConfig
 from aspc.controller.events import InstanceIdle, SampleFinished, Start
 from aspc.backends.cpu.executors import CpuExecutors
-from aspc.runtime.local import LocalRuntime, RunOptions
-from aspc.runtime.ray_runtime import RayRuntime
-from aspc.toolchain import compile_with_passes
+from aspc.drivers.local.runtime import LocalRuntime, RunOptions
+from aspc.drivers.ray.runtime import RayRuntime
+from aspc.plan.toolchain import compile_with_passes
 
 ROOT = Path(__file__).resolve().parent.parent
 

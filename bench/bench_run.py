@@ -11,11 +11,11 @@ import platform
 from pathlib import Path
 
 from aspc.backends.cpu.calibrate import calibrate
-from aspc.backends.sim.result import simulate
-from aspc.runtime.accounting import bubble_shares
+from aspc.drivers.sim.result import simulate
+from aspc.accounting.measured import bubble_shares
 from aspc.backends.cpu.executors import CpuExecutors
-from aspc.runtime.local import LocalRuntime, RunOptions
-from aspc.toolchain import compile_with_passes
+from aspc.drivers.local.runtime import LocalRuntime, RunOptions
+from aspc.plan.toolchain import compile_with_passes
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,9 +12,9 @@ import platform
 import time
 from pathlib import Path
 
-from aspc.backends.sim.ledger import CATEGORIES
-from aspc.backends.sim.result import simulate
-from aspc.toolchain import compile_with_passes
+from aspc.accounting.ledger import CATEGORIES
+from aspc.drivers.sim.result import simulate
+from aspc.plan.toolchain import compile_with_passes
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = ["grpo_7b", "dapo_32b", "grpo_30b_moe", "r1_zero_671b"]

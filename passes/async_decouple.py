@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aspc.ir import Stage, StageGraph, StageKind
+from aspc.ir.graph import Stage, StageGraph, StageKind
 from aspc.passes.base import Pass, PassError
 from aspc.passes.rewrite import ensure_weight_syncs, interpose, responses_producers
 

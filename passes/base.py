@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from aspc.ir import StageGraph
+from aspc.ir.graph import StageGraph
 
 
 class PassError(Exception):

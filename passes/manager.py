@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from aspc.diagnostics import AsplError, Diagnostic
-from aspc.ir import StageGraph
+from aspc.frontend.diagnostics import AsplError, Diagnostic
+from aspc.ir.graph import StageGraph
 from aspc.passes.base import PassError
 from aspc.passes.spec import PassSpec
-from aspc.verify import VerificationError, verify
+from aspc.ir.verify import VerificationError, verify
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,6 @@ def _apply(spec: PassSpec, graph: StageGraph, before: list[str], verify_each: bo
 
 
 def _nowhere():
-    from aspc.span import Span
+    from aspc.ir.span import Span
 
     return Span.point("<-p>")

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from aspc.ir import Stage, StageGraph, StageKind
-from aspc.workload import sample_step
+from aspc.ir.graph import Stage, StageGraph, StageKind
+from aspc.costmodel.workload import sample_step
 from aspc.passes.base import Pass, PassError
-from aspc.passes.packing import choose_buckets, micro_batches, padding_report
+from aspc.algorithms.packing import choose_buckets, micro_batches, padding_report
 
 PACKED = (StageKind.TRAIN, StageKind.REFERENCE, StageKind.CRITIC)
 SAMPLED_SEQUENCES = 2048  # at least this many sampled sequences (whole steps, at most 4) choose buckets

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aspc.ir import StageGraph, StageKind
+from aspc.ir.graph import StageGraph, StageKind
 from aspc.passes.base import Pass, PassError
 
 

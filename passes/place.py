@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aspc.facts import DTYPE_BYTES
-from aspc.ir import Stage, StageGraph, StageKind
+from aspc.ir.facts import DTYPE_BYTES
+from aspc.ir.graph import Stage, StageGraph, StageKind
 from aspc.passes.base import Pass
 from aspc.passes.rewrite import ensure_weight_syncs
 

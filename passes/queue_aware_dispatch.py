@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aspc.ir import PROMPTS, Flow, Stage, StageGraph, StageKind
+from aspc.ir.graph import PROMPTS, Flow, Stage, StageGraph, StageKind
 from aspc.passes.base import Pass, PassError
 from aspc.passes.rewrite import interpose
 

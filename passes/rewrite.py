@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from aspc.ir import WEIGHTS, Flow, Stage, StageGraph, StageKind
+from aspc.ir.graph import WEIGHTS, Flow, Stage, StageGraph, StageKind
 
 
 def interpose(flows: list[Flow], src: str, dsts: list[str], node: str) -> list[Flow]:

@@ -10,8 +10,8 @@ which stages time-share devices with generation.
 """
 from __future__ import annotations
 
-from aspc import schema
-from aspc.ir import ScheduleSpec, StageGraph
+from aspc.frontend import schema
+from aspc.ir.graph import ScheduleSpec, StageGraph
 
 SCHEDULES = ("asp", "sync", "sync-naive")
 

@@ -5,10 +5,10 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from aspc.diagnostics import AsplError, Diagnostic, did_you_mean
+from aspc.frontend.diagnostics import AsplError, Diagnostic, did_you_mean
 from aspc.passes.base import Pass
 from aspc.passes.registry import PASSES
-from aspc.span import Span
+from aspc.ir.span import Span
 
 SOURCE = "<-p>"
 _ITEM = re.compile(r"\s*([A-Za-z0-9_\-]+)\s*(?:\{([^{}]*)\})?\s*(,|$)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aspc.ir import StageGraph, StageKind
+from aspc.ir.graph import StageGraph, StageKind
 from aspc.passes.base import Pass, PassError
 
 CONSUMERS = (StageKind.REWARD, StageKind.REFERENCE, StageKind.CRITIC, StageKind.ADVANTAGE,

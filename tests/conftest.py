@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from aspc.cli import main
+from aspc.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINES = sorted((ROOT / "pipelines").glob("*.aspl"))

@@ -11,10 +11,10 @@ from aspc.backends.ascend.executors import materialize
 from aspc.backends.ascend.groups import process_groups
 from aspc.backends.ascend.lowering import MEGATRON_KINDS, lower
 from aspc.backends.ascend.topology import NPUS_PER_NODE, pool_offsets
-from aspc.ir import Parallel
-from aspc.toolchain import compile_with_passes
-from aspc.compiler import compile_source
-from aspc.toolchain import run_schedule
+from aspc.ir.graph import Parallel
+from aspc.plan.toolchain import compile_with_passes
+from aspc.frontend.compiler import compile_source
+from aspc.plan.toolchain import run_schedule
 from conftest import ROOT, check_golden
 from test_passes_properties import pipelines as random_pipelines
 

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from aspc.runtime.metrics_file import read_rows
+from aspc.drivers.local.metrics_file import read_rows
 from conftest import ROOT
 
 STEPS = 6
@@ -16,7 +16,7 @@ MAX_ATTEMPTS = 14
 
 
 def command(tmp_path):
-    return [sys.executable, "-m", "aspc.cli", "run", str(ROOT / "pipelines" / "tiny_grpo.aspl"), "--steps",
+    return [sys.executable, "-m", "aspc.cli.main", "run", str(ROOT / "pipelines" / "tiny_grpo.aspl"), "--steps",
             str(STEPS), "--warmstart", "40", "--checkpoint", str(tmp_path / "ck"), "--checkpoint-every", "1",
             "--metrics", str(tmp_path / "m.jsonl"), "--resume"]
 

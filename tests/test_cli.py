@@ -47,12 +47,12 @@ def test_unwritable_output_is_a_clear_error(aspc, tmp_path):
 
 
 def test_language_doc_has_every_option_table():
-    from aspc.docgen import all_tables
+    from aspc.frontend.docgen import all_tables
     from conftest import ROOT
 
     doc = (ROOT / "docs" / "language.md").read_text()
     for table in all_tables():
-        assert table in doc, "docs/language.md is out of date: regenerate with python -m aspc.docgen"
+        assert table in doc, "docs/language.md is out of date: regenerate with python -m aspc.frontend.docgen"
 
 
 def _readme_commands_with_set():

@@ -9,7 +9,7 @@ from aspc.backends.cpu.model import KVCache, TinyQwen, cache_mask, causal_mask
 from aspc.backends.cpu.rewards import RewardError, WeightedReward, exact_match, math_verify, numeric_match
 from aspc.backends.cpu.tasks import example
 from aspc.backends.cpu.tokenizer import decode, encode
-from aspc.facts import ModelArch
+from aspc.ir.facts import ModelArch
 
 ARCH = ModelArch(layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=64, vocab=32, tied=True, max_seq=64)
 

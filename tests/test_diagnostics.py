@@ -1,9 +1,9 @@
 """One file per error kind: the exact text `aspc check` prints, and exit status 1."""
 import pytest
 
-from aspc import diagnostics
-from aspc.diagnostics import Diagnostic, render_all
-from aspc.span import Span
+from aspc.frontend import diagnostics
+from aspc.frontend.diagnostics import Diagnostic, render_all
+from aspc.ir.span import Span
 from conftest import ROOT, check_golden
 
 CASES = sorted((ROOT / "tests" / "diagnostics").glob("*.aspl"))

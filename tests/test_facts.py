@@ -1,9 +1,9 @@
 """Hardware and model facts match shared/FACTS.md; memory estimates follow their formulas."""
 import pytest
 
-from aspc.facts import hardware_table, model_presets
-from aspc.ir import Parallel
-from aspc.memory import USABLE_HBM_FRACTION, generation_need, training_need
+from aspc.ir.facts import hardware_table, model_presets
+from aspc.ir.graph import Parallel
+from aspc.ir.memory import USABLE_HBM_FRACTION, generation_need, training_need
 
 
 @pytest.mark.parametrize("name, total, active, kv_kib", [
@@ -57,7 +57,7 @@ def test_expert_parallelism_shards_only_experts():
 
 
 def test_each_device_kind_names_the_ray_resource_it_is_scheduled_as():
-    from aspc.facts import hardware_table
+    from aspc.ir.facts import hardware_table
 
     table = hardware_table()
     assert {name: hw.ray_resource for name, hw in table.items() if name.startswith("910")} == \

@@ -4,8 +4,8 @@ import re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aspc.compiler import compile_file, compile_source
-from aspc.diagnostics import AsplError, render_all
+from aspc.frontend.compiler import compile_file, compile_source
+from aspc.frontend.diagnostics import AsplError, render_all
 from conftest import PIPELINES
 
 SOURCES = [p.read_text() for p in PIPELINES]
@@ -108,7 +108,7 @@ def test_fuzz_through_the_cli_exits_1(aspc, tmp_path):
 @FUZZ
 @given(st.one_of(mutated(), st.text(max_size=300)))
 def test_the_fast_lexer_parses_exactly_what_larks_lexer_parses(text):
-    from aspc import parser
+    from aspc.frontend import parser
     from test_language import _with_spans
 
     fast = parser._parse_fast(text, "fuzz.aspl")

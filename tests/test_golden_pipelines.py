@@ -47,7 +47,8 @@ def test_output_is_deterministic_across_processes(emit):
     """Two fresh interpreters with different hash seeds (set and dict order of strings differ)
     print the same bytes: no state carried within one process can hide an unstable order."""
     def compile_in_a_new_process(seed: str) -> str:
-        result = subprocess.run([sys.executable, "-m", "aspc.cli", "compile", "pipelines/grpo_7b.aspl", "--emit", emit],
+        result = subprocess.run([sys.executable, "-m", "aspc.cli.main", "compile", "pipelines/grpo_7b.aspl",
+                                 "--emit", emit],
                                 cwd=ROOT, env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True, text=True,
                                 timeout=120)
         assert result.returncode == 0, result.stderr

@@ -3,11 +3,11 @@ import dataclasses
 
 import pytest
 
-from aspc import ast, parser
-from aspc.compiler import compile_source
-from aspc.diagnostics import AsplError
-from aspc.ir import StageKind
-from aspc.parser import parse, parse_value
+from aspc.frontend import ast, parser
+from aspc.frontend.compiler import compile_source
+from aspc.frontend.diagnostics import AsplError
+from aspc.ir.graph import StageKind
+from aspc.frontend.parser import parse, parse_value
 from conftest import PIPELINES
 
 TINY = """

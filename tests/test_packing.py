@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aspc.passes.packing import (bucket_for, choose_buckets, first_fit_decreasing, karmarkar_karp,
+from aspc.algorithms.packing import (bucket_for, choose_buckets, first_fit_decreasing, karmarkar_karp,
                                  micro_batches, padding_report)
 
 

@@ -6,11 +6,11 @@ Cases in tests/passes/NAME.test are separated by `// -----` lines; each starts w
 """
 import pytest
 
-from aspc.compiler import compile_source
-from aspc.diagnostics import AsplError, render_all
+from aspc.frontend.compiler import compile_source
+from aspc.frontend.diagnostics import AsplError, render_all
 from aspc.passes.registry import PASSES
-from aspc.printer import print_ir
-from aspc.toolchain import run_schedule
+from aspc.ir.printer import print_ir
+from aspc.plan.toolchain import run_schedule
 from conftest import ROOT, check_golden
 
 DIR = ROOT / "tests" / "passes"

@@ -5,11 +5,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aspc.compiler import compile_source
-from aspc.ir import StageKind
-from aspc.plan import PlanError, build_plan, plan_problems
-from aspc.toolchain import run_schedule
-from aspc.verify import verify_problems
+from aspc.frontend.compiler import compile_source
+from aspc.ir.graph import StageKind
+from aspc.plan.execution_plan import PlanError, build_plan, plan_problems
+from aspc.plan.toolchain import run_schedule
+from aspc.ir.verify import verify_problems
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

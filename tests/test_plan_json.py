@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from aspc.diagnostics import AsplError
-from aspc.facts import ModelArch
-from aspc.ir import StageKind
-from aspc.plan import PLAN_VERSION, ExecutionPlan, PlanError, PlanFormatError, build_plan
-from aspc.toolchain import Compiled, compile_with_passes
-from aspc.values import Call
+from aspc.frontend.diagnostics import AsplError
+from aspc.ir.facts import ModelArch
+from aspc.ir.graph import StageKind
+from aspc.plan.execution_plan import PLAN_VERSION, ExecutionPlan, PlanError, PlanFormatError, build_plan
+from aspc.plan.toolchain import Compiled, compile_with_passes
+from aspc.ir.values import Call
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINES = sorted(p.name for p in (ROOT / "pipelines").glob("*.aspl"))

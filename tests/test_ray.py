@@ -8,9 +8,9 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from aspc.backends.cpu.executors import CpuExecutors  # noqa: E402
-from aspc.runtime.local import LocalRuntime, RunOptions  # noqa: E402
-from aspc.runtime.ray_runtime import RayRuntime  # noqa: E402
-from aspc.toolchain import compile_with_passes  # noqa: E402
+from aspc.drivers.local.runtime import LocalRuntime, RunOptions  # noqa: E402
+from aspc.drivers.ray.runtime import RayRuntime  # noqa: E402
+from aspc.plan.toolchain import compile_with_passes  # noqa: E402
 from conftest import ROOT  # noqa: E402
 
 
@@ -75,7 +75,7 @@ def test_without_ray_the_message_says_how_to_install_it(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys; sys.modules['ray'] = None; from aspc.cli import main; "
+    code = ("import sys; sys.modules['ray'] = None; from aspc.cli.main import main; "
             f"main(['run', r'{ROOT / 'pipelines' / 'tiny_grpo.aspl'}', '--runtime', 'ray', '--steps', '1', "
             f"'--warmstart', '0', '--metrics', r'{tmp_path / 'm.jsonl'}'])")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -105,8 +105,8 @@ def test_a_learner_checkpoint_comes_back_from_the_actor(tmp_path):
 def test_an_instance_that_keeps_failing_ends_the_run_with_a_clear_message():
     """Generation instance 0's actor is killed each time it is (re)started: after MAX_RESTARTS
     restarts the run ends with WorkerFailed naming the instance, and frees its actors."""
-    from aspc.runtime.ray_runtime import MAX_RESTARTS
-    from aspc.runtime.workers import WorkerFailed
+    from aspc.drivers.ray.runtime import MAX_RESTARTS
+    from aspc.drivers.local.workers import WorkerFailed
 
     runtime = RayRuntime(plan(), ROOT / "pipelines", RunOptions(steps=10_000, warmstart_steps=0), CpuExecutors)
     runtime.build()
@@ -142,7 +142,7 @@ def test_ray_run_errors_and_ctrl_c_are_one_message(tmp_path):
     bad = tmp_path / "bad.aspl"
     source = (ROOT / "pipelines" / "tiny_grpo.aspl").read_text()
     bad.write_text(source.replace('synthetic("arith")', 'jsonl("d.jsonl")'))
-    base = [sys.executable, "-m", "aspc.cli", "run", "--runtime", "ray", "--warmstart", "0",
+    base = [sys.executable, "-m", "aspc.cli.main", "run", "--runtime", "ray", "--warmstart", "0",
             "--metrics", str(tmp_path / "m.jsonl")]
     failed = subprocess.run([*base, str(bad)], capture_output=True, text=True, timeout=300)
     assert failed.returncode == 1 and "d.jsonl:1" in failed.stderr and "Traceback" not in failed.stderr

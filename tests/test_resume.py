@@ -16,7 +16,7 @@ def metrics(path):
 
 
 def command(tmp_path, *extra, steps=STEPS, every=2):
-    return [sys.executable, "-m", "aspc.cli", "run", str(ROOT / "pipelines" / "tiny_grpo.aspl"),
+    return [sys.executable, "-m", "aspc.cli.main", "run", str(ROOT / "pipelines" / "tiny_grpo.aspl"),
             "--steps", str(steps), "--warmstart", "20", "--checkpoint", str(tmp_path / "ck"),
             "--checkpoint-every", str(every), "--metrics", str(tmp_path / "m.jsonl"), *extra]
 

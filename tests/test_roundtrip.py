@@ -3,12 +3,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aspc import ast
-from aspc.compiler import compile_file, compile_source
-from aspc.formatter import format_program
-from aspc.parser import parse
-from aspc.printer import print_ir
-from aspc.serialize import from_json, to_json
+from aspc.frontend import ast
+from aspc.frontend.compiler import compile_file, compile_source
+from aspc.frontend.formatter import format_program
+from aspc.frontend.parser import parse
+from aspc.ir.printer import print_ir
+from aspc.ir.serialize import from_json, to_json
 from conftest import PIPELINES
 
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from aspc.runtime.metrics_file import MetricsFile, read_rows
-from aspc.runtime.threads import threads_per_worker
+from aspc.drivers.local.metrics_file import MetricsFile, read_rows
+from aspc.drivers.local.threads import threads_per_worker
 from conftest import ROOT
 
 TINY = ROOT / "pipelines" / "tiny_grpo.aspl"
@@ -106,7 +106,7 @@ def test_a_torn_last_line_is_skipped_and_the_next_row_starts_a_line(tmp_path):
 def test_resuming_a_complete_run_says_so_and_exits_0_without_hanging(tmp_path):
     """Used to print `resumed at step N` and idle forever; a subprocess with a timeout fails
     instead of hanging the suite."""
-    command = [sys.executable, "-m", "aspc.cli", "run", str(TINY), "--steps", "2", "--warmstart", "0",
+    command = [sys.executable, "-m", "aspc.cli.main", "run", str(TINY), "--steps", "2", "--warmstart", "0",
                "--checkpoint", str(tmp_path / "ck"), "--metrics", str(tmp_path / "m.jsonl")]
     first = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
@@ -180,8 +180,8 @@ def test_each_worker_gets_a_share_of_the_cores(monkeypatch):
 
 def test_worker_threads_run_torch_with_their_share(monkeypatch):
     from aspc.backends.cpu.executors import CpuExecutors
-    from aspc.runtime.local import LocalRuntime, RunOptions
-    from aspc.toolchain import compile_with_passes
+    from aspc.drivers.local.runtime import LocalRuntime, RunOptions
+    from aspc.plan.toolchain import compile_with_passes
 
     monkeypatch.delenv("ASPC_TORCH_THREADS", raising=False)
     plan = compile_with_passes(TINY, []).plan()
@@ -215,7 +215,7 @@ def test_the_warm_start_is_its_own_phase_in_the_output_and_the_trace(aspc, tmp_p
 
 def test_ctrl_c_during_the_warm_start_is_one_line_and_exit_130(tmp_path):
     (tmp_path / "m.jsonl").write_text('{"step": 1}\n')
-    process = subprocess.Popen([sys.executable, "-m", "aspc.cli", "run", str(TINY), "--warmstart", "100000",
+    process = subprocess.Popen([sys.executable, "-m", "aspc.cli.main", "run", str(TINY), "--warmstart", "100000",
                                 "--metrics", str(tmp_path / "m.jsonl")], stderr=subprocess.PIPE, text=True)
     first = process.stderr.readline()  # printed when the warm start's first step is done
     assert first.startswith("warm start:"), first

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from aspc.backends.sim.ledger import CATEGORIES
-from aspc.backends.sim.result import simulate
-from aspc.toolchain import compile_with_passes
+from aspc.accounting.ledger import CATEGORIES
+from aspc.drivers.sim.result import simulate
+from aspc.plan.toolchain import compile_with_passes
 from conftest import ROOT
 
 
@@ -82,9 +82,9 @@ def test_simulate_single_schedule_summary(aspc):
 
 def test_decode_step_matches_the_published_single_stream_speed():
     """shared/FACTS.md: Qwen2.5-7B on a 910B2 decodes one stream at about 12 ms per token."""
-    from aspc.backends.sim.costmodel import GenerationCost
-    from aspc.facts import hardware_table, model_presets
-    from aspc.ir import Parallel
+    from aspc.costmodel.roofline import GenerationCost
+    from aspc.ir.facts import hardware_table, model_presets
+    from aspc.ir.graph import Parallel
 
     cost = GenerationCost(model_presets()["qwen2.5-7b"], hardware_table()["910b2"], Parallel(), 2, True)
     step = cost.alpha * 2000 + cost.beta(1)
@@ -95,7 +95,7 @@ def test_the_simulator_imports_no_torch():
     import subprocess
     import sys
 
-    code = "import sys, aspc.backends.sim.result, aspc.cli; print('torch' in sys.modules)"
+    code = "import sys, aspc.drivers.sim.result, aspc.cli.main; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 

@@ -10,8 +10,8 @@ import os
 import pytest
 
 from aspc.backends.cpu.executors import CpuExecutors
-from aspc.runtime.local import LocalRuntime, RunOptions
-from aspc.toolchain import compile_with_passes
+from aspc.drivers.local.runtime import LocalRuntime, RunOptions
+from aspc.plan.toolchain import compile_with_passes
 from conftest import ROOT
 
 

@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from aspc.backends.cpu.rewards import RewardError, build_reward, load_callable
-from aspc.compiler import compile_file
-from aspc.diagnostics import AsplError
+from aspc.frontend.compiler import compile_file
+from aspc.frontend.diagnostics import AsplError
 from conftest import ROOT
 
 SCORE = "def score(prompt, response, answer, metadata):\n    return float(response.strip() == answer)\n"
@@ -102,7 +102,7 @@ def test_the_runtime_loads_the_module_beside_the_aspl_and_ray_workers_can_too(tm
 
 
 def _python_source(spec):
-    from aspc.values import Call
+    from aspc.ir.values import Call
 
     return Call("python", (("function", spec), ("weight", 1.0)))
 

@@ -3,9 +3,9 @@ from dataclasses import replace
 
 import pytest
 
-from aspc.compiler import compile_file
-from aspc.ir import Flow, StageKind
-from aspc.verify import VerificationError, verify, verify_problems
+from aspc.frontend.compiler import compile_file
+from aspc.ir.graph import Flow, StageKind
+from aspc.ir.verify import VerificationError, verify, verify_problems
 from conftest import PIPELINES, ROOT
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aspc.plan import ExecutionPlan
+from aspc.plan.execution_plan import ExecutionPlan
 
 FORWARD_KINDS = ("reward", "reference", "critic")
 

@@ -2,7 +2,7 @@
 (megatron-core's default order "tp-cp-ep-dp-pp"), and the process groups that follow."""
 from __future__ import annotations
 
-from aspc.ir import Parallel
+from aspc.ir.graph import Parallel
 
 
 def rank_coords(par: Parallel) -> list[dict[str, int]]:

@@ -8,8 +8,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from aspc.facts import DTYPE_BYTES, ModelArch
-from aspc.plan import ExecutionPlan, StagePlan, WeightSyncPlan
+from aspc.ir.facts import DTYPE_BYTES, ModelArch
+from aspc.plan.execution_plan import ExecutionPlan, StagePlan, WeightSyncPlan
 from aspc.backends.ascend.groups import process_groups
 from aspc.backends.ascend.topology import Device, device, pool_offsets, visible_devices
 

@@ -10,7 +10,7 @@ import torch
 from aspc.backends.cpu.batching import make_batch, token_logprobs
 from aspc.backends.cpu.generator import BatchGenerator
 from aspc.backends.cpu.model import TinyQwen
-from aspc.backends.sim.calibrated import Calibration
+from aspc.costmodel.calibrated import Calibration
 
 
 def _timed(fn, repeat: int = 5) -> float:

@@ -1,4 +1,4 @@
-"""The CPU backend behind the executor roles (aspc/runtime/roles.py): from an execution plan, the
+"""The CPU backend behind the executor roles (aspc/roles.py): from an execution plan, the
 policy and its warm start, generation engines, the trainer, prompts, checkpoints and evaluation.
 The local and Ray drivers reach the CPU backend only through this object, which the CLI (or a
 test) hands them; they import no backend module."""
@@ -14,10 +14,10 @@ from aspc.backends.cpu.generator import BatchGenerator
 from aspc.backends.cpu.learner import Learner, Rollout, TrainSettings
 from aspc.backends.cpu.model import TinyQwen
 from aspc.backends.cpu.rewards import RewardError, build_reward
-from aspc.backends.cpu.slots import default_slots
+from aspc.algorithms.slots import default_slots
 from aspc.backends.cpu.threads import use_threads
 from aspc.backends.cpu.warmstart import warm_start
-from aspc.plan import ExecutionPlan, StageRefusal
+from aspc.plan.execution_plan import ExecutionPlan, StageRefusal
 
 
 class CpuExecutors:

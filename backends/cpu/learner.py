@@ -9,7 +9,7 @@ import torch
 
 from aspc.backends.cpu.batching import make_batch, token_logprobs, token_values
 from aspc.backends.cpu.losses import gae, group_advantages, overlong_penalty, policy_loss
-from aspc.passes.packing import first_fit_decreasing
+from aspc.algorithms.packing import first_fit_decreasing
 
 
 @dataclass

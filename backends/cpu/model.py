@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aspc.facts import ModelArch
+from aspc.ir.facts import ModelArch
 
 
 class RMSNorm(nn.Module):

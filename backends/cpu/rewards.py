@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable
 
-from aspc.user_code import UserCodeError, load_function
+from aspc.frontend.user_code import UserCodeError, load_function
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 

@@ -3,7 +3,7 @@ free. Nothing the language accepts is silently ignored (the reward-model, judge 
 issues, 12 and 13, will price these)."""
 from __future__ import annotations
 
-from aspc.plan import ExecutionPlan, StageRefusal
+from aspc.plan.execution_plan import ExecutionPlan, StageRefusal
 
 UNPRICED_SOURCES = {
     "model": "a reward model's scoring pass",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 import math
 
-from aspc.backends.sim.costmodel import GenerationCost
+from aspc.costmodel.roofline import GenerationCost
 
 
 class GenInstance:

@@ -1,0 +1,1 @@
+"""Accounting of time: bubbles, the simulated ledger, measured accounting and traces."""

@@ -1,0 +1,35 @@
+"""Bubble accounting: every device-second of a run in exactly one category, plus trace spans.
+
+Busy time is recorded as it happens; idle time is classified afterwards from the intervals:
+a generation instance idle while a peer of its stage is busy is a skewness bubble, otherwise it
+waits for released input (weights, prompts) — a sorting bubble; a learner idle while finished
+samples are held back (incomplete groups, a streaming unit, the step barrier) is a sorting
+bubble, otherwise idle. Whatever no resource accounts for is idle.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from aspc.accounting.bubbles import CATEGORIES, gaps, merge, split_by, step_function_positive  # noqa: F401 - re-exported
+from aspc.accounting.trace import Span
+
+
+@dataclass
+class Ledger:
+    device_seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    spans: list[Span] = field(default_factory=list)
+
+    def add(self, category: str, device_seconds: float) -> None:
+        self.device_seconds[category] += device_seconds
+
+    def span(self, track: str, start: float, end: float, category: str, label: str, devices: int) -> None:
+        if end <= start:
+            return
+        self.spans.append(Span(track, start, end, category, label))
+        self.add(category, (end - start) * devices)
+
+    def close(self, total_device_seconds: float) -> dict[str, float]:
+        accounted = sum(v for k, v in self.device_seconds.items() if k != "idle")
+        self.device_seconds["idle"] = max(0.0, total_device_seconds - accounted)
+        return {c: self.device_seconds.get(c, 0.0) for c in CATEGORIES}

@@ -1,0 +1,1 @@
+"""Pure algorithms shared by passes and backends: sequence packing and slot allocation."""

@@ -1,0 +1,1 @@
+"""The command line: aspc check, compile, simulate, run, inspect."""

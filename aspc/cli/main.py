@@ -1,0 +1,339 @@
+"""The `aspc` command line. The one place that wires the front end, passes, plan and emitters."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from aspc import __version__
+from aspc.frontend.compiler import compile_file
+from aspc.frontend.diagnostics import AsplError, render_all
+from aspc.ir.dot import to_dot
+from aspc.frontend.formatter import format_program
+from aspc.cli.inspect import inspect_report, write_schedule_graph
+from aspc.passes.schedules import SCHEDULES
+from aspc.ir.printer import print_ir
+from aspc.ir.serialize import to_json
+from aspc.plan.toolchain import Compiled, compile_with_passes
+
+EMITTERS = {
+    "ast": lambda c: format_program(c.compilation.program),
+    "ir": lambda c: print_ir(c.graph),
+    "json": lambda c: to_json(c.graph),
+    "dot": lambda c: to_dot(c.graph),
+    "plan": lambda c: c.plan().to_json(),
+    "launch": lambda c: _launch_plan(c).to_json(),
+    "launch-summary": lambda c: _launch_summary(_launch_plan(c)),
+}
+
+
+def _launch_summary(launch):
+    from aspc.backends.ascend.launch import launch_summary
+
+    return launch_summary(launch)
+
+
+def _launch_plan(compiled):
+    from aspc.backends.ascend.lowering import lower
+
+    try:
+        return lower(compiled.plan())
+    except ValueError as error:
+        raise click.ClickException(f"cannot lower to Ascend: {error}") from None
+
+# A directory or a missing file given as FILE is our diagnostic (exit 1), not a click usage error.
+_SOURCE = click.Path()
+
+_SET_HELP = "Override an option: NAME.option=value (NAME: a stage, model, data, pool, " \
+            "`schedule`, or a stage kind for all its stages). Repeatable."
+
+
+def _pass_options(function):
+    """--set, --schedule and -p: shared by the commands that compile."""
+    function = click.option("-p", "--passes", "pipeline", metavar="PIPELINE",
+                            help="Run this pass pipeline instead of the schedule's, e.g. "
+                                 "'async-decouple{staleness=1},pack{tokens=16384},place'. "
+                                 "'' runs no pass.")(function)
+    function = click.option("--schedule", type=click.Choice(SCHEDULES),
+                            help="Schedule to compile for (default: the file's schedule block).")(function)
+    return click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=_SET_HELP)(function)
+
+
+class _Commands(click.Group):
+    """Ctrl-C anywhere (compiling, loading torch) ends with one line and exit code 130, the shell's
+    convention, instead of click's "Aborted!" and 1; `aspc run` handles it itself to save work."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("\nstopped by Ctrl-C", err=True)
+            ctx.exit(130)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="aspc")
+def main() -> None:
+    """aspc: compile RL post-training pipelines (.aspl) into adaptive scheduling pipelines."""
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True, type=_SOURCE)
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=_SET_HELP)
+def check(files: tuple[str, ...], overrides: tuple[str, ...]) -> None:
+    """Parse and check FILES; print diagnostics and exit 1 on any error."""
+    failed = 0
+    for file in files:
+        try:
+            compilation = compile_file(file, list(overrides))
+        except AsplError as error:
+            click.echo(render_all(error.diagnostics, _sources(file, overrides)), err=True)
+            failed += 1
+            continue
+        _warn(compilation.warnings, compilation.sources)
+        click.echo(f"{file}: ok ({len(compilation.graph.stages())} stages)")
+    if failed:
+        sys.exit(1)
+
+
+@main.command("compile")
+@click.argument("file", type=_SOURCE)
+@click.option("--emit", type=click.Choice(sorted(EMITTERS)), default="ir", show_default=True,
+              help="ast: the formatted source; ir/json/dot: the stage graph after the passes; "
+                   "plan: the execution plan (JSON); launch: the Ascend launch plan (--backend ascend); "
+                   "launch-summary: the launch plan in a few lines per stage, for review.")
+@click.option("--backend", type=click.Choice(["cpu", "ascend"]), default="cpu", show_default=True,
+              help="The backend whose artifacts --emit launch[-summary] lowers to.")
+@click.option("--emit-after", metavar="PASS", help="Stop after this pass and print the IR.")
+@click.option("--verify", is_flag=True, help="Verify the IR after every pass.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to a file instead of stdout.")
+@_pass_options
+def compile_command(file, emit, backend, emit_after, verify, output, overrides, schedule, pipeline) -> None:
+    """Compile FILE and print the artifact chosen with --emit."""
+    if emit.startswith("launch") and backend != "ascend":
+        raise click.UsageError(f"--emit {emit} lowers to the Ascend backend: add --backend ascend")
+    compiled = _compile(file, overrides, schedule, pipeline, emit_after, verify)
+    try:
+        text = EMITTERS[emit](compiled)
+    except AsplError as error:
+        click.echo(render_all(error.diagnostics, {"<-p>": pipeline or ""}), err=True)
+        sys.exit(1)
+    _write(text, output)
+
+
+@main.command()
+@click.argument("file", type=_SOURCE)
+@click.option("-o", "--output-dir", type=click.Path(file_okay=False), default=".", show_default=True,
+              help="Where to write the schedule graph (DOT, and SVG/PNG with Graphviz).")
+@_pass_options
+def inspect(file, output_dir, overrides, schedule, pipeline) -> None:
+    """Show each pass with what it changed (IR diff) and write the final schedule graph."""
+    compiled = _compile(file, overrides, schedule, pipeline, None, True)
+    click.echo(inspect_report(compiled), nl=False)
+    written, note = write_schedule_graph(compiled, Path(output_dir))
+    for path in written:
+        click.echo(f"wrote {path}")
+    if note:
+        click.echo(note, err=True)
+
+
+@main.command()
+@click.argument("file", type=_SOURCE)
+@click.option("--compare", is_flag=True, help="Simulate sync-naive, sync and asp and print one table.")
+@click.option("--steps", type=click.IntRange(1, 10_000), default=20, show_default=True,
+              help="Training steps to simulate.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
+              help="Write a Chrome trace-event file (open it in Perfetto).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+              help="Write a PNG: timeline and bubble breakdown.")
+@_pass_options
+def simulate(file, compare, steps, trace_path, plot_path, overrides, schedule, pipeline) -> None:
+    """Predict throughput and the bubble breakdown of FILE on its cluster."""
+    from aspc.drivers.sim.driver import SimulationStalled
+    from aspc.drivers.sim.report import compare_table, summary
+    from aspc.drivers.sim.result import simulate as run_simulation
+    from aspc.controller.config import UnsupportedPlan
+
+    schedules = ["sync-naive", "sync", "asp"] if compare else [schedule]
+    plans = []
+    for kind in schedules:
+        compiled = _compile(file, overrides, kind, pipeline, None, False)
+        plans.append(_plan(compiled, pipeline))
+    from aspc.backends.sim.coverage import unpriced_stages
+
+    _refuse_at_stages(file, overrides, compiled, unpriced_stages(plans[0]))
+    results = []
+    with _progress(len(plans) * steps) as bar:
+        for plan in plans:
+            bar.set_description(plan.schedule)
+            try:
+                results.append(run_simulation(plan, steps, _advance(bar)))
+            except UnsupportedPlan as error:
+                raise click.ClickException(f"{file}: cannot simulate: {error}") from None
+            except SimulationStalled as error:
+                raise click.ClickException(f"{file}: {error}; please report it with this file") from None
+    click.echo(compare_table(results) if compare else summary(results[0]), nl=False)
+    _write_pictures(results, trace_path, plot_path)
+
+
+@main.command()
+@click.argument("file", type=_SOURCE)
+@click.option("--backend", type=click.Choice(["cpu", "ascend"]), default="cpu", show_default=True)
+@click.option("--runtime", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: threads on this machine; ray: Ray actors (a local Ray, or --address).")
+@click.option("--address", help="With --runtime ray: the Ray cluster to join (default: start a local one).")
+@click.option("--steps", type=click.IntRange(1, 1_000_000), default=100, show_default=True,
+              help="RL training steps (optimizer updates).")
+@click.option("--warmstart", "warmstart_steps", type=click.IntRange(0, 1_000_000), default=200,
+              show_default=True, help="Supervised warm-start steps on the task before RL (0: none).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Model initialisation and sampling seed.")
+@click.option("--metrics", "metrics_path", type=click.Path(dir_okay=False),
+              help="Per-step metrics as JSON lines [default: runs/PIPELINE-SCHEDULE/metrics.jsonl].")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
+              help="Write a Chrome trace-event file of the real run (open it in Perfetto).")
+@click.option("--checkpoint", "checkpoint_dir", type=click.Path(file_okay=False),
+              help="Save checkpoints (weights, optimizer state) in this folder.")
+@click.option("--checkpoint-every", type=click.IntRange(1, 1_000_000), default=10, show_default=True,
+              help="Steps between checkpoints (the last step is always saved).")
+@click.option("--resume", is_flag=True, help="Continue from the newest intact checkpoint in --checkpoint.")
+@click.option("--threads", type=click.IntRange(1, 1024), default=None,
+              help="torch threads per worker [default: $ASPC_TORCH_THREADS, else the cores shared among "
+                   "the workers].")
+@click.option("--dry-run", is_flag=True, help="With --backend ascend: print the per-process commands and "
+                                               "environment a cluster operator would launch.")
+@_pass_options
+def run(file, backend, runtime, address, steps, warmstart_steps, seed, metrics_path, trace_path, checkpoint_dir,
+        checkpoint_every, resume, threads, dry_run, overrides, schedule, pipeline) -> None:
+    """Train FILE for real: the CPU backend on this machine's threads (or, with --backend ascend
+    --dry-run, print the NPU cluster's launch commands). Exit 0 when done, 1 on an error, 130 on Ctrl-C."""
+    from aspc.cli.run import RunRequest, run_training
+
+    if backend == "ascend":
+        _run_ascend(file, overrides, schedule, pipeline, dry_run)
+        return
+    compiled = _compile(file, overrides, schedule, pipeline, None, False)
+    request = RunRequest(file, steps, warmstart_steps, seed, metrics_path, trace_path, checkpoint_dir,
+                         checkpoint_every, resume, runtime, address, threads)
+    from aspc.backends.cpu.executors import CpuExecutors
+
+    plan = _plan(compiled, pipeline)
+    _refuse_at_stages(file, overrides, compiled, CpuExecutors.unsupported(plan))
+    run_training(request, plan, CpuExecutors)
+
+
+def _run_ascend(file, overrides, schedule, pipeline, dry_run) -> None:
+    from aspc.backends.ascend.executors import AscendUnavailable, require_npu
+    from aspc.backends.ascend.launch import launch_script
+
+    compiled = _compile(file, overrides, schedule, pipeline, None, False)
+    launch = _launch_plan(compiled)
+    if dry_run:
+        click.echo(launch_script(launch), nl=False)
+        return
+    try:
+        require_npu()
+    except AscendUnavailable as error:
+        raise click.ClickException(f"{file}: {error}") from None
+    raise click.ClickException("NPUs are here, but driving them from `aspc run` needs the Ray runtime, which "
+                               "this build does not have yet; start the processes of `--dry-run` instead")
+
+
+def _plan(compiled: Compiled, pipeline):
+    try:
+        return compiled.plan()
+    except AsplError as error:
+        click.echo(render_all(error.diagnostics, {"<-p>": pipeline or ""}), err=True)
+        sys.exit(1)
+
+
+def _progress(total: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="step", disable=None, leave=False, file=sys.stderr)
+
+
+def _advance(bar):
+    done = {"version": 0}
+
+    def on_version(version: int) -> None:
+        if version > done["version"]:
+            bar.update(version - done["version"])
+            done["version"] = version
+
+    return on_version
+
+
+def _write_pictures(results, trace_path, plot_path) -> None:
+    from aspc.drivers.sim.plot import write_plot
+    from aspc.accounting.trace import write_trace
+
+    try:
+        if trace_path:
+            write_trace(Path(trace_path), {r.schedule: r.spans for r in results})
+            click.echo(f"wrote {trace_path}")
+        if plot_path:
+            timeline = next((r for r in results if r.schedule == "asp"), results[-1])
+            write_plot(Path(plot_path), results, timeline)
+            click.echo(f"wrote {plot_path}")
+    except OSError as error:
+        raise click.ClickException(f"cannot write {error.filename}: {error.strerror}") from None
+
+
+def _refuse_at_stages(file, overrides, compiled: Compiled, refusals) -> None:
+    """Stages a backend cannot execute or price: an error at each one's line (or the option that
+    causes it), exit 1, before anything runs."""
+    from aspc.frontend.diagnostics import Diagnostic
+    from aspc.ir.span import Span
+
+    diagnostics = []
+    for refusal in refusals:
+        stage = compiled.graph.stage(refusal.stage)
+        span = (refusal.option and stage.option_span(refusal.option)) or stage.span or Span.point(file)
+        diagnostics.append(Diagnostic("error", span, refusal.message, refusal.hint))
+    if diagnostics:
+        click.echo(render_all(diagnostics, _sources(file, overrides)), err=True)
+        sys.exit(1)
+
+
+def _compile(file, overrides, schedule, pipeline, emit_after, verify) -> Compiled:
+    try:
+        compiled = compile_with_passes(file, list(overrides), schedule, pipeline, emit_after, verify)
+    except AsplError as error:
+        sources = _sources(file, overrides)
+        if pipeline is not None:
+            sources["<-p>"] = pipeline
+        click.echo(render_all(error.diagnostics, sources), err=True)
+        sys.exit(1)
+    _warn(compiled.compilation.warnings, compiled.compilation.sources)
+    return compiled
+
+
+def _warn(warnings, sources) -> None:
+    if warnings:
+        click.echo(render_all(warnings, sources), err=True)
+
+
+def _write(text: str, output: str | None) -> None:
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        Path(output).write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise click.ClickException(f"cannot write {output}: {error.strerror}") from None
+
+
+def _sources(file: str, overrides: tuple[str, ...]) -> dict[str, str]:
+    from aspc.frontend.overrides import SOURCE, overrides_source
+
+    sources = {SOURCE: overrides_source(overrides)}
+    try:
+        sources[file] = Path(file).read_text(encoding="utf-8-sig")  # as compile_file reads it
+    except (OSError, UnicodeDecodeError):
+        pass
+    return sources
+
+
+if __name__ == "__main__":
+    main()

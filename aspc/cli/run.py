@@ -1,0 +1,234 @@
+"""`aspc run`: progress bars, metrics files, the final report and user-facing errors.
+
+Exit codes: 0 the run finished (or a resumed run was already complete); 1 an error the user can
+fix (data, reward module, checkpoint, a worker that died), with one message; 130 Ctrl-C, after
+the metrics of every finished step and, with --checkpoint, a checkpoint of the last one are saved.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from aspc.controller.config import UnsupportedPlan
+from aspc.plan.execution_plan import ExecutionPlan
+from aspc.accounting.measured import bubble_shares
+from aspc.drivers.local.runtime import LocalRuntime, RunOptions
+from aspc.roles import ExecutorsFactory
+from aspc.drivers.local.workers import WorkerFailed
+from aspc.accounting.trace import Span, shifted, write_trace
+
+
+def check_cpu_plan(file: str, plan: ExecutionPlan) -> None:
+    """The CPU backend runs tiny custom models on `cpu` pools; say so before building anything."""
+    for pool in plan.pools:
+        if pool.hardware != "cpu":
+            raise click.ClickException(
+                f"{file}: pool '{pool.name}' is {pool.hardware} hardware; the CPU backend runs pipelines "
+                f"whose pools are `cpu`. Use `aspc simulate {file}` to predict this cluster, or a tiny "
+                "pipeline such as pipelines/tiny_grpo.aspl")
+    for model in plan.models:
+        if model.preset != "custom":
+            raise click.ClickException(f"{file}: model '{model.name}' is the preset {model.preset}; the CPU "
+                                       "backend trains tiny `custom` models (no weights are downloaded)")
+
+
+@dataclass
+class RunRequest:
+    """What `aspc run` was asked for (the CLI's options, with defaults)."""
+
+    file: str
+    steps: int
+    warmstart_steps: int = 200
+    seed: int = 0
+    metrics_path: str | None = None
+    trace_path: str | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 10
+    resume: bool = False
+    runtime_kind: str = "local"
+    address: str | None = None
+    threads: int | None = None
+
+
+def run_training(request: RunRequest, plan: ExecutionPlan, executors: ExecutorsFactory) -> None:
+    """Train `plan` with the backend's executors (the CLI passes the CPU backend's factory)."""
+    check_cpu_plan(request.file, plan)
+    if request.resume and request.checkpoint_dir is None:
+        raise click.ClickException("--resume needs --checkpoint DIR (where the run saved its checkpoints)")
+    metrics = Path(request.metrics_path) if request.metrics_path else \
+        Path("runs") / f"{plan.pipeline}-{plan.schedule}" / "metrics.jsonl"
+    progress = _Progress(request.steps, request.warmstart_steps, plan.schedule)
+    options = RunOptions(request.steps, request.warmstart_steps, metrics, request.seed, progress.on_step,
+                         progress.on_warmstart, Path(request.checkpoint_dir) if request.checkpoint_dir else None,
+                         request.checkpoint_every, request.resume, request.threads)
+    session = _Session(request, plan, options, progress, executors)
+    try:
+        result = session.train()
+    except WorkerFailed as error:
+        where = session.salvage()
+        raise click.ClickException(f"{request.file}: {error}{where}") from None
+    except (*executors.user_errors, UnsupportedPlan) as error:
+        session.salvage()
+        raise click.ClickException(f"{request.file}: {error}") from None
+    except KeyboardInterrupt:
+        session.interrupted()
+        sys.exit(130)
+    if result is not None:
+        progress.close()
+        _report(result, session.runtime, metrics, request.trace_path, plan)
+
+
+class _Session:
+    """One `aspc run`: builds the runtime, trains, and on any interruption keeps what was done."""
+
+    def __init__(self, request: RunRequest, plan, options: RunOptions, progress, executors: ExecutorsFactory):
+        self.request, self.plan, self.options, self.progress = request, plan, options, progress
+        self.executors = executors
+        self.runtime = None
+        self.phase = "starting"
+
+    def train(self):
+        self.runtime = _runtime(self.request.runtime_kind, self.plan, Path(self.request.file).parent,
+                                self.options, self.executors, self.request.address)
+        self.progress.runtime = self.runtime
+        self.phase = "the warm start" if self.request.warmstart_steps and not self.request.resume else "start-up"
+        self.runtime.build()
+        self.progress.warm_done(self.runtime.warmstart_s)
+        for note in self.runtime.resume_notes:
+            click.echo(f"resume: {note}", err=True)
+        for note in self.runtime.notes:
+            click.echo(note, err=True)
+        if self.runtime.resumed is not None:
+            self.progress.done_before = self.runtime.start_version
+            click.echo(f"resumed at step {self.runtime.start_version} from {self.runtime.resumed}", err=True)
+        if self.runtime.complete:
+            self.progress.close()
+            click.echo(f"{self.request.file}: already complete: the checkpoint is at step "
+                       f"{self.runtime.start_version} and --steps is {self.request.steps}; nothing to train "
+                       "(raise --steps to continue training)", err=True)
+            return None
+        self.phase = "training"
+        return self.runtime.run()
+
+    def salvage(self) -> str:
+        """Stop the workers and keep every finished step (metrics rows, a checkpoint); returns
+        where the checkpoint is, for the message."""
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not tear the save
+        try:
+            if self.runtime is None:
+                return ""
+            self.runtime.stop_workers()
+            saved = self.runtime.save_now()
+            self._write_trace()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        if saved is None:
+            return ""
+        return f"; checkpoint of step {saved} in {self.request.checkpoint_dir} (continue with --resume)"
+
+    def interrupted(self) -> None:
+        self.progress.close()
+        where = self.salvage()
+        if self.phase != "training":
+            click.echo(f"\nstopped by Ctrl-C during {self.phase}; no RL step was trained, nothing was "
+                       "written", err=True)
+            return
+        done = getattr(self.runtime, "recorded", 0)
+        click.echo(f"\nstopped by Ctrl-C after step {done}; metrics in {self.options.metrics_path}{where}",
+                   err=True)
+
+    def _write_trace(self) -> None:
+        runtime = self.runtime
+        if self.request.trace_path and getattr(runtime, "result", None) is not None:
+            write_trace(Path(self.request.trace_path), _trace_runs(runtime, runtime.spans(), self.plan))
+
+
+class _Progress:
+    """The warm start's bar, then the RL steps' bar with reward, tokens/s, staleness and bubbles."""
+
+    def __init__(self, steps: int, warmstart_steps: int, schedule: str):
+        from tqdm import tqdm
+
+        self.warm = tqdm(total=warmstart_steps, desc="warm start", unit="step", disable=None, file=sys.stderr,
+                         leave=False)
+        self.bar = None
+        self.done_before = 0  # steps a resumed run had finished
+        self.make_bar = lambda: tqdm(total=steps, initial=self.done_before, desc=schedule, unit="step", disable=None,
+                                     file=sys.stderr)
+        self.last_loss, self.warm_steps = None, 0
+        self.bubble = 0.0
+        self.runtime = None
+
+    def on_warmstart(self, step: int, loss: float) -> None:
+        if step == 0 and self.warm.disable:  # a line for logs, where there is no bar
+            click.echo(f"warm start: {self.warm.total} supervised steps before RL", err=True)
+        self.last_loss, self.warm_steps = loss, step + 1
+        self.warm.update(1)
+        self.warm.set_postfix(loss=f"{loss:.3f}")
+
+    def warm_done(self, seconds: float) -> None:
+        self.warm.close()
+        if self.last_loss is not None:
+            click.echo(f"warm start: {self.warm_steps} steps in {seconds:.1f} s, loss {self.last_loss:.3f}", err=True)
+
+    def on_step(self, step: int, m: dict) -> None:
+        if self.bar is None:
+            self.bar = self.make_bar()
+        if step % 10 == 1 and self.runtime is not None:  # the share of worker time that was not useful
+            self.bubble = 1 - bubble_shares(self.runtime.spans(), m["wall_s"])["useful"]
+        self.bar.update(1)
+        self.bar.set_postfix(reward=f"{m.get('reward', 0):.3f}", tok_s=f"{m.get('tokens_per_s', 0):.0f}",
+                             stale=f"{m['staleness_mean']:.2f}", bubble=f"{100 * self.bubble:.0f}%")
+
+    def close(self) -> None:
+        self.warm.close()
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _runtime(kind: str, plan, base_dir: Path, options: RunOptions, executors: ExecutorsFactory, address):
+    if kind == "local":
+        return LocalRuntime(plan, base_dir, options, executors)
+    return _ray_runtime(plan, base_dir, options, executors, address)
+
+
+def _ray_runtime(plan, base_dir: Path, options: RunOptions, executors: ExecutorsFactory, address):
+    from aspc.drivers.ray.runtime import RayRuntime, RayUnavailable
+
+    try:
+        return RayRuntime(plan, base_dir, options, executors, address)
+    except RayUnavailable as error:
+        raise click.ClickException(str(error)) from None
+    except ConnectionError as error:
+        raise click.ClickException(f"cannot join the Ray cluster at {address}: {error}") from None
+
+
+def _trace_runs(runtime, spans, plan) -> dict:
+    """The warm start as its own phase, then the RL steps after it on the same time axis."""
+    warm = runtime.warmstart_s
+    if not warm:
+        return {plan.schedule: spans}
+    return {"warm start": [Span("main", 0.0, warm, "warmstart", "supervised warm start")],
+            plan.schedule: shifted(spans, warm)}
+
+
+def _report(result, runtime, metrics: Path, trace_path, plan) -> None:
+    rows = result.metrics
+    if not rows:
+        return
+    window = max(1, min(10, len(rows) // 4 or 1))
+    first = sum(m["reward"] for m in rows[:window]) / window
+    final = sum(m["reward"] for m in rows[-window:]) / window
+    warm = f" after a {runtime.warmstart_s:.1f} s warm start" if runtime.warmstart_s else ""
+    click.echo(f"{plan.pipeline} ({plan.schedule}): {len(rows)} steps in {result.wall_s:.1f} s{warm}; mean reward "
+               f"{first:.3f} over the first {window} steps -> {final:.3f} over the last {window}")
+    shares = bubble_shares(result.spans, result.wall_s)
+    click.echo("worker time: " + "  ".join(f"{c} {100 * v:.1f}%" for c, v in shares.items()))
+    click.echo(f"metrics: {metrics}")
+    if trace_path:
+        write_trace(Path(trace_path), _trace_runs(runtime, result.spans, plan))
+        click.echo(f"trace: {trace_path}")

@@ -1,0 +1,71 @@
+"""A simulated learner: reference, critic and train work run one after another on a pool's
+learner devices; each work's samples are balanced over data-parallel ranks and packed into
+micro-batches as the plan says (buckets, remove-padding, or pad-to-longest)."""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from aspc.algorithms.packing import bucket_for, first_fit_decreasing
+from aspc.plan.execution_plan import StagePlan
+from aspc.costmodel.roofline import LearnerCost
+
+
+@dataclass(frozen=True)
+class WorkCost:
+    seconds: float
+    useful: float  # device-seconds
+    padding: float
+    skewness: float
+
+
+def balance(lengths: list[int], ranks: int) -> list[list[int]]:
+    """Longest-processing-time split over ranks (heap); the pass's Karmarkar-Karp is as close to
+    even within one sequence, and this keeps 20 simulated steps of 12k samples fast."""
+    loads = [(0, r) for r in range(ranks)]
+    out: list[list[int]] = [[] for _ in range(ranks)]
+    for length in sorted(lengths, reverse=True):
+        total, r = heapq.heappop(loads)
+        out[r].append(length)
+        heapq.heappush(loads, (total + length, r))
+    return out
+
+
+def micro_batches(lengths: list[int], stage: StagePlan, mean: float) -> list[tuple[int, int, int, int]]:
+    """(padded tokens, useful tokens, padded and useful sums of squared lengths) per micro-batch
+    of one rank. Pad-to-longest takes a fixed sample count (the token budget's worth on average)."""
+    mb = stage.micro_batching
+    if mb.padding == "longest":
+        per = max(1, round(mb.tokens / mean))
+        groups = [lengths[i:i + per] for i in range(0, len(lengths), per)]
+        return [(len(g) * max(g), sum(g), len(g) * max(g) ** 2, sum(x * x for x in g)) for g in groups]
+    out = []
+    for b in first_fit_decreasing(lengths, mb.tokens):
+        members = [lengths[i] for i in b]
+        fill, squares = sum(members), sum(x * x for x in members)
+        padded = bucket_for(fill, mb.buckets) if mb.buckets else fill
+        out.append((padded, fill, squares + (padded - fill) ** 2, squares))
+    return out
+
+
+def packed_ranks(stage: StagePlan, lengths: list[int], mean: float) -> list[list[tuple]]:
+    """Each data-parallel rank's micro-batches for these sequences (context parallelism splits
+    sequences; it adds no ranks)."""
+    ranks = stage.parallel.dp
+    if stage.micro_batching.padding == "longest":
+        per_rank = [lengths[r::ranks] for r in range(ranks)]  # an even split by count, no balancing
+    else:
+        per_rank = balance(lengths, ranks)
+    return [micro_batches(share, stage, mean) if share else [] for share in per_rank]
+
+
+def work_cost(stage: StagePlan, cost: LearnerCost, kind: str, ranks: list[list[tuple]]) -> WorkCost:
+    run = cost.train if kind == "train" else cost.forward
+    times, useful_times = [], []
+    for batches in ranks:
+        times.append(sum(run(padded, padded_sq) for padded, _, padded_sq, _ in batches))
+        useful_times.append(sum(run(useful, useful_sq) for _, useful, _, useful_sq in batches))
+    longest = max(times, default=0.0)
+    d = cost.rank_devices
+    return WorkCost(longest, sum(useful_times) * d, sum(t - u for t, u in zip(times, useful_times)) * d,
+                    sum(longest - t for t in times) * d)

@@ -1,0 +1,1 @@
+"""Drivers that run the controller: the simulator, the local runtime and the Ray runtime."""

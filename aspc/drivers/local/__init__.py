@@ -1,0 +1,1 @@
+"""The local driver: runs the controller with threads on this machine."""

@@ -1,0 +1,296 @@
+"""The local runtime: the controller on the main thread, generation instances and the learner on
+threads, the CPU backend's real model underneath. `aspc run --runtime local` (the default)."""
+from __future__ import annotations
+
+import queue
+import threading
+import zlib
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import assert_never
+
+from aspc.controller import Controller, ControllerConfig
+from aspc.controller.events import (Action, Checkpoint, Dispatch, Finished, InstanceIdle, OptimizerStep,
+                                    RestartInstance, RunWork, Start, SyncWeights, WeightsPublished)
+from aspc.plan.execution_plan import ExecutionPlan
+from aspc.drivers.local.metrics_file import MetricsFile, interrupts_held
+from aspc.roles import ExecutorsFactory
+from aspc.drivers.local.threads import threads_per_worker
+from aspc.drivers.local.workers import Clock, GenerationWorker, LearnerWorker, WorkerFailed
+
+
+@dataclass
+class RunOptions:
+    steps: int
+    warmstart_steps: int = 200
+    metrics_path: Path | None = None
+    seed: int = 0
+    on_step: object = None  # callback(step, metrics)
+    on_warmstart: object = None  # callback(step, loss)
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = 10
+    resume: bool = False
+    threads: int | None = None  # torch threads per worker; None: a share of the cores (threads.py)
+
+
+@dataclass
+class RunResult:
+    metrics: list[dict] = field(default_factory=list)
+    spans: list = field(default_factory=list)
+    wall_s: float = 0.0
+    samples_per_step: dict = field(default_factory=dict)  # step -> sorted sample ids trained
+
+
+class LocalRuntime:
+    def __init__(self, plan: ExecutionPlan, base_dir: Path | None, options: RunOptions, executors: ExecutorsFactory):
+        """`executors`: the backend's factory (the CPU backend's CpuExecutors); building it reads
+        the data file, so a user's data error is raised here."""
+        self.plan, self.options = plan, options
+        every = options.checkpoint_every if options.checkpoint_dir is not None else 0
+        self.config = ControllerConfig.from_plan(plan, options.steps, every)
+        self.gen_stage, self.train_stage = plan.stages_of("generate")[0], plan.stages_of("train")[0]
+        self.data = plan.dataset(self.gen_stage.data)
+        self.executors = executors(plan, base_dir, options.seed)
+        self.events: queue.Queue = queue.Queue()
+        self.results: dict = {}
+        self.lock = threading.Lock()
+        self.weights: dict[int, dict] = {}
+        self.step_metrics: dict[int, dict] = {}
+        self.clock = Clock()
+        self.warmstart_s = 0.0
+        self.resume_notes: list[str] = []  # what resuming chose and skipped, for the user
+        self.resumed = None  # the checkpoint folder a resumed run continues from
+        self.stopped = False
+
+    # ---- building ----
+    def accuracy(self, count: int = 128) -> float:
+        """Greedy reward of the current policy on held-out prompts."""
+        return self.executors.accuracy(count)
+
+    def _prompt(self, step: int, prompt: int):
+        return self.executors.prompt(step * self.data.prompts_per_step + prompt)
+
+    def build(self) -> None:
+        self.threads = threads_per_worker(self.config.instances + 1, self.options.threads)
+        resume_from = self._resume_point()
+        if self.options.warmstart_steps and resume_from is None:
+            self._warm_start()
+        self.executors.set_threads(self.threads)
+        self.learner = self.executors.trainer()
+        self.start_version = self._load(resume_from) if resume_from else 0
+        self.weights[self.start_version] = self.executors.snapshot()
+        saver = self._save if self.options.checkpoint_dir else None
+        self.learner_worker = LearnerWorker(self.learner, self._rollouts, self.weights, self.step_metrics,
+                                            self.events, self.clock, saver)
+        self.learner_worker.completed = self.learner_worker.saved = self.start_version
+        self.gen_workers = []
+        for i in range(self.config.instances):
+            engine = self.executors.generation_engine(self.config.instances)
+            self.gen_workers.append(GenerationWorker(i, engine, self.weights, self.results, self.lock,
+                                                     self.events, self.clock))
+        self.slots = self.gen_workers[0].generator.slots
+        self.controller = Controller(self.config, lambda step, p: len(self._prompt(step, p).ids),
+                                     self.start_version)
+        self.metrics_file = MetricsFile(self.options.metrics_path, self.start_version if resume_from else None)
+        self.notes = [note for note in [self.metrics_file.open()] if note]  # built: now the file may change
+
+    def _warm_start(self) -> None:
+        """Before the workers exist the main thread may use every core it is given."""
+        self.executors.set_threads(threads_per_worker(1, self.options.threads))
+        start = self.clock()
+        self.executors.warm_start(self.options.warmstart_steps, on_step=self.options.on_warmstart)
+        self.warmstart_s = self.clock() - start
+
+    # ---- checkpoints ----
+    def _resume_point(self):
+        """The newest intact checkpoint of this run's configuration, or None (a fresh start)."""
+        directory = self.options.checkpoint_dir
+        if directory is None:
+            return None
+        if not self.options.resume:
+            _refuse_to_mix_runs(directory, self.executors)
+            return None
+        point = self.executors.find_resume_point(directory)
+        if point is None:
+            self.resume_notes.append(f"no checkpoint in {directory}: starting from step 0")
+            return None
+        self._check_same_run(point, self.executors.read_manifest(point.path).get("config", {}))
+        self.resume_notes += [f"skipped {why}" for why in point.skipped]
+        self.resumed = point.path
+        return point.path
+
+    def _check_same_run(self, point, saved: dict) -> None:
+        now = self._fingerprint()
+        different = [f"{key}: {saved.get(key)!r} in the checkpoint, {now[key]!r} now"
+                     for key in now if saved.get(key) != now[key]]
+        if different:
+            raise self.executors.checkpoint_error(
+                f"{point.path} belongs to another run (" + "; ".join(different) + "); resume with the "
+                "pipeline and options that wrote it, or start afresh with another --checkpoint folder")
+
+    def _fingerprint(self) -> dict:
+        """What must not change between a checkpoint and the run that resumes from it."""
+        d = self.data
+        return {"pipeline": self.plan.pipeline, "schedule": self.plan.schedule, "seed": self.options.seed,
+                "models": {m.name: repr(m.arch) for m in self.plan.models},
+                "data": f"{d.source}({d.location!r}) seed={d.seed} prompts_per_step={d.prompts_per_step} "
+                        f"group={d.group}"}
+
+    def _parts(self):
+        return self.executors.parts(self.learner)
+
+    def _save(self, version: int) -> None:
+        models, optimizers = self._parts()
+        self.executors.save_checkpoint(self.options.checkpoint_dir, version, models, optimizers,
+                        {"pipeline": self.plan.pipeline, "schedule": self.plan.schedule,
+                         "config": self._fingerprint()})
+
+    def _load(self, path) -> int:
+        models, optimizers = self._parts()
+        return self.executors.load_checkpoint(path, models, optimizers)["version"]
+
+    def save_now(self) -> int | None:
+        """After an interruption, once the workers stopped: record the metrics of every step the
+        learner finished, then checkpoint the last one (None: there was nothing to save)."""
+        worker = getattr(self, "learner_worker", None)
+        if worker is None or getattr(self, "result", None) is None:
+            return None
+        for version in range(self.recorded + 1, worker.completed + 1):
+            self._record(version - 1)
+        if self.options.checkpoint_dir is None:
+            return None
+        if worker.saved != worker.completed:
+            self._save(worker.completed)
+            worker.saved = worker.completed
+        return worker.saved
+
+    def _rollouts(self, samples) -> list:
+        out = []
+        for sample in samples:
+            with self.lock:
+                finished = self.results[sample]
+                rollout = self.rollouts.get(sample)
+                if rollout is None:
+                    rollout = self.executors.rollout(sample, finished, self._prompt(*sample[:2]))
+                    self.rollouts[sample] = rollout
+            out.append(rollout)
+        return out
+
+    # ---- running ----
+    @property
+    def complete(self) -> bool:
+        """Resumed from a checkpoint at or past the last step: nothing is left to train."""
+        return self.start_version >= self.config.steps
+
+    def run(self) -> RunResult:
+        """The RL phase; its clock starts here (the warm start is timed apart, `warmstart_s`)."""
+        self.rollouts: dict = {}
+        self.result = result = RunResult()
+        self.recorded = self.start_version
+        self.clock.reset()
+        if self.complete:
+            return result
+        for worker in [self.learner_worker, *self.gen_workers]:
+            worker.setup = partial(self.executors.set_threads, self.threads)
+            worker.start()
+        try:
+            self._handle(Start())
+            for worker in self.gen_workers:
+                self._handle(InstanceIdle(worker.index, self.slots))
+            self._loop()
+            self._stop(drain=True)  # the learner writes the final checkpoint first
+        finally:
+            self._stop()
+        result.wall_s = self.clock()
+        result.spans = self.spans()
+        return result
+
+    def _loop(self) -> None:
+        while not self.controller.finished:
+            event = self.events.get()
+            if isinstance(event, tuple) and event[0] == "error":
+                _, name, error, _trace = event
+                raise WorkerFailed(f"{name}: {type(error).__name__}: {error}")
+            if isinstance(event, WeightsPublished):  # the row is on disk before any checkpoint of it
+                self._record(event.version - 1)
+            self._handle(event)
+
+    def _record(self, step: int) -> None:
+        wall = round(self.clock(), 3)
+        metrics = {"step": step + 1, **self.step_metrics.get(step, {}), "wall_s": wall}
+        stale = [s for (u, _, _), s in self._staleness_of(step)]
+        metrics["staleness_mean"] = sum(stale) / len(stale) if stale else 0.0
+        previous = self.result.metrics[-1]["wall_s"] if self.result.metrics else 0.0
+        tokens = metrics.get("samples", 0) * metrics.get("response_len", 0)
+        metrics["tokens_per_s"] = round(tokens / max(wall - previous, 1e-9), 1)
+        with interrupts_held():  # a Ctrl-C cannot fall between the row and `recorded`
+            self.metrics_file.append(metrics)
+            self.recorded = step + 1
+        self.result.metrics.append(metrics)
+        if self.options.on_step is not None:
+            self.options.on_step(step + 1, metrics)
+
+    def _staleness_of(self, step: int):
+        starts = self.controller.gen.start_version
+        return [(s, step - starts[s]) for s in self.controller.used if s[0] == step and s in starts]
+
+    def _handle(self, event) -> None:
+        for action in self.controller.handle(event):
+            self._act(action)
+
+    def _act(self, action: Action) -> None:
+        match action:
+            case Dispatch():
+                payload = [(r.sample, self._prompt(*r.sample[:2]).ids, self._seed(r.sample)) for r in action.requests]
+                self.gen_workers[action.instance].inbox.put(("requests", payload))
+            case RunWork():
+                self.learner_worker.inbox.put(("work", action.work))
+            case OptimizerStep():
+                self.learner_worker.inbox.put(("optimizer", action.step))
+            case SyncWeights():
+                self.gen_workers[action.instance].inbox.put(("sync", action.version))
+            case Checkpoint():
+                self.learner_worker.inbox.put(("checkpoint", action.step))
+            case RestartInstance():  # threads do not die alone: a raising one ends the run (WorkerFailed)
+                raise WorkerFailed(f"generation instance {action.instance} failed")
+            case Finished():
+                pass
+            case _:
+                assert_never(action)
+
+    def _seed(self, sample) -> int:
+        return zlib.crc32(repr((self.data.seed, self.options.seed, sample)).encode())
+
+    def spans(self) -> list:
+        """The spans the workers recorded so far (a copy: they keep appending)."""
+        return [s for w in [self.learner_worker, *self.gen_workers] for s in list(w.spans)]
+
+    def stop_workers(self) -> None:
+        if hasattr(self, "learner_worker"):
+            self._stop()
+
+    def _stop(self, drain: bool = False) -> None:
+        """Stop the workers. `drain`: the learner first finishes what it was given (the final
+        checkpoint); otherwise (an interruption) it stops after the message at hand. Once."""
+        if self.stopped:
+            return
+        workers = [self.learner_worker, *self.gen_workers]
+        for worker in workers:
+            if not drain:
+                worker.stopping.set()
+            worker.inbox.put(("stop", None))
+        for worker in workers:
+            if worker.is_alive():
+                worker.join(timeout=120 if worker is self.learner_worker else 10)
+        self.stopped = True
+
+
+def _refuse_to_mix_runs(directory: Path, executors) -> None:
+    """A fresh run must not write its checkpoints among another run's: a later --resume would
+    take whichever step is newest, from either run."""
+    existing = sorted(executors.step_folders(directory))
+    if existing:
+        raise executors.checkpoint_error(
+            f"{directory} already holds checkpoints of a run (up to {existing[-1][1].name}); continue that run "
+            "with --resume, or give a new run another --checkpoint folder")

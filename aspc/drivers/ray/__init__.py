@@ -1,0 +1,1 @@
+"""The Ray driver: runs the controller's executors as Ray actors."""

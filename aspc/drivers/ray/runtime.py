@@ -1,0 +1,222 @@
+"""The Ray runtime: the same controller and worker loops as the local runtime, with each
+generation instance and the learner in a Ray actor. Data and weights move through the object
+store. A generation actor that dies is detected, its work re-queued by the controller and the
+actor restarted; one that keeps dying ends the run with a clear message."""
+from __future__ import annotations
+
+import copy
+
+from aspc.ir.facts import hardware_table
+from aspc.drivers.local.runtime import LocalRuntime
+from aspc.drivers.local.workers import InstanceLost, WorkerFailed
+
+MAX_RESTARTS = 3
+CPU_SHARE = 0.25  # a CPU actor's share of a core: the tiny models leave room for several per core
+
+
+class RayUnavailable(Exception):
+    """Ray is not installed (message: how to install it)."""
+
+
+def require_ray():
+    try:
+        import ray
+    except ImportError:
+        raise RayUnavailable("the Ray runtime needs Ray: pip install 'aspc[ray]' (or pip install ray)") from None
+    return ray
+
+
+def start_ray(address: str | None):
+    ray = require_ray()
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, ignore_reinit_error=True)
+        else:
+            ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+    return ray
+
+
+class _GeneratorActor:
+    """Inside a Ray worker: the CPU backend's generator for one instance."""
+
+    def __init__(self, generator, state, set_threads):
+        set_threads(1)  # a CPU actor holds a fraction of a core (CPU_SHARE): one thread, not one per core
+        self.generator = generator
+        self.generator.load_weights(state)
+
+    def step(self, requests):
+        for key, ids, seed in requests:
+            self.generator.add(key, ids, seed)
+        return self.generator.step() if self.generator.busy else []
+
+    def load(self, state):
+        self.generator.load_weights(state)
+
+    def pid(self):
+        import os
+
+        return os.getpid()
+
+
+class RemoteGenerator:
+    """What a generation worker thread drives: the generator interface, over a Ray actor."""
+
+    def __init__(self, ray, actor):
+        self.ray, self.actor = ray, actor
+        self.buffer: list = []
+        self.active = 0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.buffer) or self.active > 0
+
+    def add(self, key, ids, seed) -> None:
+        self.buffer.append((key, ids, seed))
+
+    def step(self):
+        requests, self.buffer = self.buffer, []
+        self.active += len(requests)
+        finished = self._get(self.actor.step.remote(requests))
+        self.active -= len(finished)
+        return finished
+
+    def load_weights(self, state) -> None:
+        self._get(self.actor.load.remote(self.ray.put(state)))
+
+    def _get(self, ref):
+        try:
+            return self.ray.get(ref)
+        except self.ray.exceptions.RayActorError as error:
+            self.active, self.buffer = 0, []
+            raise InstanceLost(str(error)) from None
+
+
+class _LearnerActor:
+    """Inside a Ray worker: the learner, keeping each sample's rollout between its stages."""
+
+    def __init__(self, learner, set_threads):
+        set_threads(1)
+        self.learner, self.rollouts = learner, {}
+
+    def run(self, method, rollouts):
+        kept = [self.rollouts.setdefault(r.key, r) for r in rollouts]
+        getattr(self.learner, method)(kept)
+        if method == "train":
+            for r in kept:
+                self.rollouts.pop(r.key, None)
+
+    def optimizer_step(self):
+        return self.learner.optimizer_step()
+
+    def snapshot(self):
+        return self.learner.snapshot()
+
+    def parts(self):
+        l = self.learner
+        return ({"actor": l.actor, "reference": l.ref, "critic": l.critic},
+                {"actor": l.optimizer, "critic": l.critic_optimizer})
+
+
+class RemoteLearner:
+    def __init__(self, ray, actor):
+        self.ray, self.actor = ray, actor
+
+    def __getattr__(self, method):
+        if method in ("reward", "reference", "values", "train"):
+            return lambda rollouts: self.ray.get(self.actor.run.remote(method, rollouts))
+        raise AttributeError(method)
+
+    def optimizer_step(self):
+        return self.ray.get(self.actor.optimizer_step.remote())
+
+    def snapshot(self):
+        return self.ray.get(self.actor.snapshot.remote())
+
+    def parts(self):
+        return self.ray.get(self.actor.parts.remote())
+
+
+class RayRuntime(LocalRuntime):
+    def __init__(self, plan, base_dir, options, executors, address: str | None = None):
+        super().__init__(plan, base_dir, options, executors)
+        self.ray = start_ray(address)
+        self.restarts: dict[int, int] = {}
+
+    def build(self) -> None:
+        super().build()
+        ray = self.ray
+        self.placement = self._placement_group()
+        self._gen_actor = ray.remote(_GeneratorActor)
+        self._templates = {}
+        for worker in self.gen_workers:
+            self._templates[worker.index] = copy.deepcopy(worker.generator)
+            worker.generator = self._remote_generator(worker.index)
+        learner_options = self._bundle(len(self.gen_workers))
+        learner_actor = ray.remote(_LearnerActor).options(**learner_options).remote(self.learner,
+                                                                                    self.executors.set_threads)
+        self.learner_worker.learner = RemoteLearner(ray, learner_actor)
+
+    def _placement_group(self):
+        """One bundle per generation instance and one for the learner, packed onto one node:
+        `NPU` bundles of an instance's devices on Ascend pools, a share of a CPU here."""
+        from ray.util.placement_group import placement_group
+
+        pool = self.plan.pool(self.gen_stage.pool)
+        per_instance = self.gen_stage.parallel.devices
+        kind = hardware_table()[pool.hardware].ray_resource  # NPU on Ascend pools, from aspc/data/hardware.toml
+        resource = {kind: per_instance} if kind != "CPU" else {"CPU": CPU_SHARE}
+        bundles = [dict(resource) for _ in self.gen_workers] + [{"CPU": CPU_SHARE}]
+        group = placement_group(bundles, strategy="STRICT_PACK" if per_instance <= 8 else "PACK")
+        self.ray.get(group.ready(), timeout=60)
+        return group
+
+    def _bundle(self, index: int) -> dict:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return {"num_cpus": CPU_SHARE, "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            placement_group=self.placement, placement_group_bundle_index=index)}
+
+    def _remote_generator(self, index: int) -> RemoteGenerator:
+        version = max(self.weights)
+        actor = self._gen_actor.options(**self._bundle(index)).remote(self._templates[index],
+                                                                      self.ray.put(self.weights[version]),
+                                                                      self.executors.set_threads)
+        return RemoteGenerator(self.ray, actor)
+
+    def _stop(self, drain: bool = False) -> None:
+        """Stop the worker threads, then free the actors and the placement group (once)."""
+        if self.stopped:
+            return
+        super()._stop(drain)
+        from ray.util.placement_group import remove_placement_group
+
+        actors = [w.generator.actor for w in self.gen_workers if isinstance(w.generator, RemoteGenerator)]
+        learner = self.learner_worker.learner
+        if isinstance(learner, RemoteLearner):
+            if self.options.checkpoint_dir is not None:  # for a last checkpoint after the actors are gone
+                self._final_parts = learner.parts()
+            actors.append(learner.actor)
+        for actor in actors:
+            self.ray.kill(actor)
+        if getattr(self, "placement", None) is not None:
+            remove_placement_group(self.placement)
+            self.placement = None
+
+    def _parts(self):
+        if getattr(self, "_final_parts", None) is not None:
+            return self._final_parts
+        learner = self.learner_worker.learner if hasattr(self, "learner_worker") else None
+        if isinstance(learner, RemoteLearner):
+            return learner.parts()
+        return super()._parts()
+
+    def _act(self, action) -> None:
+        from aspc.controller.events import RestartInstance
+
+        if isinstance(action, RestartInstance):
+            count = self.restarts[action.instance] = self.restarts.get(action.instance, 0) + 1
+            if count > MAX_RESTARTS:
+                raise WorkerFailed(f"generation instance {action.instance} failed {count} times; giving up")
+            self.gen_workers[action.instance].inbox.put(("replace", self._remote_generator(action.instance)))
+            return
+        super()._act(action)

@@ -1,0 +1,1 @@
+"""The simulator driver: runs the controller on simulated instances in virtual time."""

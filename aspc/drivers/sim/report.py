@@ -1,0 +1,41 @@
+"""Text reports of simulations: one run, or the sync-naive / sync / asp comparison."""
+from __future__ import annotations
+
+from aspc.accounting.ledger import CATEGORIES
+from aspc.drivers.sim.result import SimResult
+
+
+def summary(r: SimResult) -> str:
+    stale = "  ".join(f"{k}: {v}" for k, v in r.staleness.items()) or "-"
+    bubbles = "  ".join(f"{c} {100 * r.share(c):.1f}%" for c in CATEGORIES)
+    return "\n".join([
+        f"{r.pipeline}  schedule {r.schedule}  ({r.devices} devices, {r.steps} steps, "
+        f"{r.samples_per_step} samples/step, mean prompt {r.mean_prompt:.0f} / response {r.mean_response:.0f} tokens)",
+        f"  step time   {r.step_time:10.2f} s    bubble-free bound {r.bound_step_time:.2f} s, "
+        f"efficiency {100 * r.efficiency:.1f}%",
+        f"  e2e_tps     {r.e2e_tps:10.1f} tokens/s per device",
+        f"  samples/s   {r.samples_per_s:10.2f}",
+        f"  staleness   {stale}",
+        f"  bubbles     {bubbles}",
+    ]) + "\n"
+
+
+def compare_table(results: list[SimResult]) -> str:
+    by = {r.schedule: r for r in results}
+    head = ("| schedule | step time (s) | e2e_tps | samples/s | vs sync | vs sync-naive | efficiency | "
+            + " | ".join(CATEGORIES) + " | staleness |")
+    rows = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in results:
+        vs_sync = _ratio(by.get("sync"), r)
+        vs_naive = _ratio(by.get("sync-naive"), r)
+        stale = ", ".join(f"{k}:{v}" for k, v in r.staleness.items())
+        rows.append(f"| {r.schedule} | {r.step_time:.2f} | {r.e2e_tps:.1f} | {r.samples_per_s:.2f} | {vs_sync} | "
+                    f"{vs_naive} | {100 * r.efficiency:.1f}% | "
+                    + " | ".join(f"{100 * r.share(c):.1f}%" for c in CATEGORIES) + f" | {stale} |")
+    return "\n".join(rows) + "\n"
+
+
+def _ratio(base: SimResult | None, r: SimResult) -> str:
+    if base is None:
+        return "-"
+    return f"{r.e2e_tps / base.e2e_tps:.2f}x"

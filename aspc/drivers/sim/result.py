@@ -1,0 +1,118 @@
+"""What a simulation reports: throughput, the bubble breakdown, the bound, staleness, a trace."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aspc.drivers.sim.driver import Simulation
+from aspc.accounting.ledger import CATEGORIES, gaps, merge, split_by, step_function_positive
+
+
+@dataclass
+class SimResult:
+    pipeline: str
+    schedule: str
+    steps: int
+    devices: int
+    wall_s: float
+    samples_per_step: int
+    mean_prompt: float
+    mean_response: float
+    bubbles: dict[str, float]  # device-seconds per category; they sum to devices x wall
+    staleness: dict[int, int]
+    spans: list = field(default_factory=list)
+
+    @property
+    def step_time(self) -> float:
+        return self.wall_s / self.steps
+
+    @property
+    def e2e_tps(self) -> float:
+        """MindSpeed-RL's throughput: (mean response + mean prompt) x samples per step / devices / step time."""
+        return (self.mean_prompt + self.mean_response) * self.samples_per_step / self.devices / self.step_time
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples_per_step * self.steps / self.wall_s
+
+    @property
+    def bound_step_time(self) -> float:
+        """The step time if every device did only useful work at the modelled efficiency."""
+        return self.bubbles["useful"] / self.devices / self.steps
+
+    @property
+    def efficiency(self) -> float:
+        return self.bound_step_time / self.step_time
+
+    def share(self, category: str) -> float:
+        return self.bubbles[category] / sum(self.bubbles.values())
+
+
+def collect(sim: Simulation) -> SimResult:
+    wall = sim.now
+    devices = sum(p.count for p in sim.plan.pools)
+    _account_switches(sim)
+    _account_instances(sim, wall)
+    _account_learners(sim, wall)
+    bubbles = sim.ledger.close(devices * wall)
+    samples = [sim._sample(step, p, g) for step in range(sim.steps)
+               for p in range(sim.data.prompts_per_step) for g in range(sim.data.group)]
+    return SimResult(sim.plan.pipeline, sim.plan.schedule, sim.steps, devices, wall,
+                     sim.data.samples_per_step, sum(s.prompt_len for s in samples) / len(samples),
+                     sum(s.response_len for s in samples) / len(samples), bubbles,
+                     dict(sorted(sim.controller.staleness.items())), sim.ledger.spans)
+
+
+def _mode_intervals(sim: Simulation, pool: str, wanted) -> list[tuple[float, float]]:
+    marks = sim.modes.get(pool)
+    if marks is None:
+        return [(0.0, sim.now)] if "gen" in wanted else []
+    out = []
+    for (t, mode), (t2, _) in zip(marks, marks[1:] + [(sim.now, "")]):
+        if mode in wanted and t2 > t:
+            out.append((t, t2))
+    return out
+
+
+def _account_switches(sim: Simulation) -> None:
+    for start, end, pool in sim.switch_spans:
+        devices = sim.plan.pool(pool).count
+        sim.ledger.span(f"{pool} switch", start, min(end, sim.now), "sync", "offload/onload", devices)
+
+
+def _account_instances(sim: Simulation, wall: float) -> None:
+    pool = sim.gen_stage.pool
+    owned = _mode_intervals(sim, pool, ("gen",))
+    busy = {i.index: merge([(a, min(b, wall)) for a, b, _ in i.segments]) for i in sim.instances}
+    for inst in sim.instances:
+        track = f"{sim.gen_stage.name}[{inst.index}]"
+        for start, end, category in inst.segments:
+            sim.ledger.span(track, start, min(end, wall), category, category, inst.devices)
+        peers = merge([iv for j, ivs in busy.items() if j != inst.index for iv in ivs])
+        for owned_start, owned_end in owned:
+            for gap in gaps(busy[inst.index], owned_start, owned_end):
+                skew, wait = split_by(gap, peers)
+                for a, b in skew:
+                    sim.ledger.span(track, a, b, "skewness", "idle: a peer still works", inst.devices)
+                for a, b in wait:
+                    sim.ledger.span(track, a, b, "sorting", "idle: input not released", inst.devices)
+
+
+def _account_learners(sim: Simulation, wall: float) -> None:
+    held = [(a, min(b, wall)) for a, b in step_function_positive(sim.held)]
+    for pool, learner in sim.learners.items():
+        owned = _mode_intervals(sim, pool, ("learn",)) if learner.shared else [(0.0, wall)]
+        busy = sim.learner_busy.get(pool, [])
+        for owned_start, owned_end in owned:
+            for gap in gaps(busy, owned_start, owned_end):
+                waiting, _ = split_by(gap, merge(held))
+                for a, b in waiting:
+                    sim.ledger.span(pool, a, b, "sorting", "idle: samples held back", learner.devices)
+
+
+def simulate(plan, steps: int = 20, progress=None, calibration=None) -> SimResult:
+    sim = Simulation(plan, steps, progress, calibration)
+    sim.run()
+    return collect(sim)
+
+
+__all__ = ["SimResult", "simulate", "CATEGORIES"]

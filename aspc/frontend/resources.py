@@ -1,0 +1,118 @@
+"""Resource checks: placements fit their pools, parallel layouts fit the model, memory fits HBM."""
+from __future__ import annotations
+
+import networkx as nx
+
+from aspc.frontend.diagnostics import DiagnosticSink
+from aspc.ir.graph import Stage, StageGraph, StageKind
+from aspc.ir.memory import USABLE_HBM_FRACTION, MemoryNeed, forward_need, gb, generation_need, training_need
+from aspc.frontend.overrides import override_span
+
+_DEVICE_OPTIONS = ("tp", "pp", "dp", "cp", "ep")  # the parallel degrees that shape one instance
+
+
+def check_resources(graph: StageGraph, sink: DiagnosticSink) -> None:
+    for stage in graph.stages():
+        if stage.pool is None or stage.pool not in graph.pools:
+            continue
+        if not _fits_pool(graph, stage, sink):
+            continue
+        model = graph.models.get(stage.model)
+        if model is None:
+            continue
+        if _layout_ok(graph, stage, sink):
+            _fits_memory(graph, stage, sink)
+    for stage in graph.stages_of(StageKind.TRAIN):
+        _check_micro_tokens(graph, stage, sink)
+
+
+def _fits_pool(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> bool:
+    pool = graph.pools[stage.pool]
+    if stage.devices <= pool.count:
+        return True
+    p = stage.parallel
+    span = override_span(stage, ("instances", "tp", "pp", "dp", "cp")) or stage.span
+    sink.error(span, f"stage '{stage.name}' needs {stage.devices} devices "
+                           f"(instances {stage.instances} x tp {p.tp} x pp {p.pp} x dp {p.dp} x cp {p.cp}) "
+                           f"but pool '{pool.name}' has {pool.count}",
+               "lower instances or a parallel degree, or enlarge the pool",
+               notes=[(pool.span, f"pool '{pool.name}' is declared here")])
+    return False
+
+
+def _layout_ok(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> bool:
+    arch = graph.models[stage.model].arch
+    p = stage.parallel
+    problems = []  # (the option at fault, what is wrong)
+    if arch.heads % p.tp:
+        problems.append(("tp", f"tp = {p.tp} does not divide the {arch.heads} attention heads"))
+    if p.pp > arch.layers:
+        problems.append(("pp", f"pp = {p.pp} exceeds the {arch.layers} layers"))
+    if p.ep > 1 and not arch.experts:
+        problems.append(("ep", f"ep = {p.ep} needs a mixture-of-experts model, '{stage.model}' is dense"))
+    elif arch.experts and arch.experts % p.ep:
+        problems.append(("ep", f"ep = {p.ep} does not divide the {arch.experts} experts"))
+    group = p.tp * p.dp * p.cp if stage.kind is StageKind.GENERATE else p.dp * p.cp
+    if group % p.ep:
+        what = "tp x dp x cp" if stage.kind is StageKind.GENERATE else "dp x cp"
+        problems.append(("ep", f"ep = {p.ep} does not divide {what} = {group}"))
+    for option, problem in problems:
+        sink.error(stage.option_span(option) or stage.span, f"stage '{stage.name}': {problem}")
+    return not problems
+
+
+def _fits_memory(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> None:
+    need = _memory_need(graph, stage)
+    if need is None:
+        return
+    hardware = graph.pools[stage.pool].hardware
+    usable = hardware.hbm_bytes * USABLE_HBM_FRACTION
+    if need.total <= usable:
+        return
+    model = graph.models[stage.model]
+    p = stage.parallel
+    sink.error(override_span(stage, _DEVICE_OPTIONS) or stage.span,
+               f"{stage.kind.value} of '{stage.model}' ({model.preset}, "
+               f"{model.arch.total_params() / 1e9:.1f}B parameters) with tp={p.tp} pp={p.pp} "
+               f"ep={p.ep} needs {gb(need.total)} per device ({need.describe()}), but a "
+               f"{hardware.name} has {gb(usable)} usable ({USABLE_HBM_FRACTION:.0%} of "
+               f"{hardware.hbm_gib:g} GiB)",
+               _memory_hint(stage, need.total / usable))
+
+
+def _memory_need(graph: StageGraph, stage: Stage) -> MemoryNeed | None:
+    model = graph.models[stage.model]
+    if stage.kind is StageKind.GENERATE:
+        data = graph.data.get(stage.data)
+        context = (data.max_prompt if data else 0) + stage.option("max_tokens", 0)
+        return generation_need(model.arch, model.dtype, stage.parallel, context)
+    if stage.kind is StageKind.REFERENCE:
+        return forward_need(model.arch, model.dtype, stage.parallel)
+    if stage.kind in (StageKind.TRAIN, StageKind.CRITIC):
+        return training_need(model.arch, model.dtype, stage.parallel,
+                             stage.option("distributed_optimizer", True))
+    return None
+
+
+def _memory_hint(stage: Stage, ratio: float) -> str:
+    factor = 2
+    while factor < ratio:
+        factor *= 2
+    target = stage.parallel.tp * factor
+    return f"shard it further, e.g. tp = {target} (or pp/ep), or use devices with more memory"
+
+
+def _check_micro_tokens(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> None:
+    for name in _data_upstream(graph, stage):
+        data = graph.data[name]
+        longest = data.max_prompt + data.max_response
+        if stage.option("micro_tokens") < longest:
+            sink.error(stage.option_span("micro_tokens") or stage.span,
+                       f"micro_tokens = {stage.option('micro_tokens')} cannot hold one sequence of "
+                       f"max_prompt + max_response = {longest} tokens",
+                       f"set micro_tokens to {longest} or more")
+
+
+def _data_upstream(graph: StageGraph, stage: Stage) -> list[str]:
+    names = {graph.stage(n).data for n in nx.ancestors(graph.nx_graph(), stage.name)}
+    return sorted(n for n in names if n in graph.data)

@@ -1,0 +1,258 @@
+"""Stage declarations -> IR stages and the flows between them."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aspc.frontend import ast, schema
+from aspc.frontend.diagnostics import DiagnosticSink, did_you_mean
+from aspc.ir.graph import PRODUCES, DataSpec, Flow, ModelSpec, Parallel, PoolSpec, Stage, StageKind
+from aspc.frontend.options import OptionValues, describe, read_options
+from aspc.frontend.resolve import Symbols
+from aspc.ir.span import Span
+from aspc.frontend.user_code import UserCodeError, load_function
+from aspc.ir.values import Call
+
+# What positional inputs each kind takes besides stages: (needs a model, needs data).
+_TAKES = {
+    "generate": (True, True), "environment": (False, False), "reward": (False, False),
+    "reference": (True, False), "critic": (True, False), "advantage": (False, False),
+    "train": (True, False),
+}
+_REWARD_SHORTHANDS = ("rule", "python", "model")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The environment a stage resolves in."""
+
+    symbols: Symbols
+    pools: dict[str, PoolSpec]
+    models: dict[str, ModelSpec]
+    data: dict[str, DataSpec]
+    base_dir: Path | None = None  # the .aspl file's folder: Python modules are looked up there
+    loaded: dict[str, tuple[str, str] | None] = field(default_factory=dict)  # spec -> its load error
+
+
+def resolve_stage(decl: ast.Stage, env: Resolved, sink: DiagnosticSink) -> tuple[Stage | None, list[Flow]]:
+    if decl.kind not in schema.STAGES:
+        hint = did_you_mean(decl.kind, schema.STAGES) or "kinds: " + ", ".join(schema.STAGES)
+        sink.error(decl.kind_span, f"unknown stage kind '{decl.kind}'", hint)
+        return None, []
+    values = read_options(decl.options, schema.STAGES[decl.kind], f"stage '{decl.name}' ({decl.kind})",
+                          decl.span, sink)
+    model, data, inputs = _classify_inputs(decl, env, sink)
+    pool = _pool_of(decl, values, env, sink)
+    if not values.valid(*schema.STAGES[decl.kind]) or pool is False:
+        return None, []
+    options = _kind_options(decl, values, env, data, sink)
+    if options is None:
+        return None, []
+    parallel = Parallel(**{k: values.values.get(k, 1) for k in ("tp", "pp", "dp", "cp", "ep")})
+    stage = Stage(decl.name, StageKind(decl.kind), model, data, pool, values.values.get("instances", 1),
+                  parallel, tuple(sorted(options.items())), decl.span, values.option_spans)
+    return stage, [Flow(src, decl.name, (field,)) for src, field in inputs]
+
+
+def _classify_inputs(decl: ast.Stage, env: Resolved, sink: DiagnosticSink):
+    """Positional arguments are names: at most one model, one data set, and upstream stages."""
+    wants_model, wants_data = _TAKES[decl.kind]
+    model = data = None
+    inputs: list[tuple[str, str]] = []
+    unknown = False
+    for arg in decl.args:
+        target = env.symbols.decls.get(arg.name) if isinstance(arg, ast.Name) else None
+        if not isinstance(arg, ast.Name):
+            sink.error(arg.span, f"inputs of a stage are names of models, data and stages, "
+                                 f"not {describe(arg)}", "options are written `name = value`")
+        elif target is None:
+            unknown = True
+            sink.error(arg.span, f"unknown name '{arg.name}'", env.symbols.suggest(arg.name))
+        elif isinstance(target, ast.Model) and wants_model and model is None:
+            model = arg.name
+        elif isinstance(target, ast.Data) and wants_data and data is None:
+            data = arg.name
+        elif isinstance(target, ast.Stage):
+            if any(src == arg.name for src, _ in inputs):
+                sink.error(arg.span, f"stage '{arg.name}' is given twice as an input")
+            elif target.kind in schema.STAGES:
+                inputs.append((arg.name, PRODUCES[StageKind(target.kind)]))
+        else:
+            sink.error(arg.span, _misplaced_input(arg.name, target, decl.kind, model, data))
+    if not unknown:
+        _missing_inputs(decl, wants_model and model is None, wants_data and data is None, sink)
+    return model, data, inputs
+
+
+def _misplaced_input(name: str, target: ast.Decl, kind: str, model, data) -> str:
+    what = type(target).__name__.lower()
+    if isinstance(target, ast.Pool):
+        return f"'{name}' is a pool; place a stage on it with `on {name}`"
+    if (what == "model" and model) or (what == "data" and data):
+        return f"a {kind} stage takes one {what}; '{name}' is a second one"
+    return f"a {kind} stage takes no {what} input, but '{name}' is a {what}"
+
+
+def _missing_inputs(decl: ast.Stage, no_model: bool, no_data: bool, sink: DiagnosticSink) -> None:
+    if no_model:
+        sink.error(decl.kind_span, f"a {decl.kind} stage needs a model as input",
+                   f"write `stage {decl.name} = {decl.kind}(MODEL, ...)`")
+    if no_data:
+        sink.error(decl.kind_span, f"a {decl.kind} stage needs data as input",
+                   f"write `stage {decl.name} = {decl.kind}(MODEL, DATA)`")
+
+
+def _pool_of(decl: ast.Stage, values: OptionValues, env: Resolved, sink: DiagnosticSink):
+    """The pool a stage runs on: its `on POOL`, or the only pool; None for host-side stages."""
+    if decl.pool is not None:
+        if decl.pool.name in env.pools:
+            return decl.pool.name
+        if not isinstance(env.symbols.decls.get(decl.pool.name), ast.Pool):
+            sink.error(decl.pool.span, f"unknown pool '{decl.pool.name}'",
+                       env.symbols.suggest(decl.pool.name, ast.Pool))
+        return False
+    if not _needs_devices(decl, values):
+        _no_parallel_without_pool(decl, values, sink)
+        return None
+    if len(env.pools) == 1:
+        return next(iter(env.pools))
+    names = ", ".join(env.pools) or "none declared"
+    sink.error(decl.kind_span, f"stage '{decl.name}' runs a model and needs a pool",
+               f"add `on POOL` after the inputs (pools: {names})")
+    return False
+
+
+def _needs_devices(decl: ast.Stage, values: OptionValues) -> bool:
+    if decl.kind in schema.MODEL_STAGES:
+        return True
+    sources = values.values.get("sources")
+    sources = sources if isinstance(sources, tuple) else ()
+    return bool(values.values.get("model")) or any(
+        isinstance(s, Call) and s.func in ("model", "judge") for s in sources)
+
+
+def _no_parallel_without_pool(decl: ast.Stage, values: OptionValues, sink: DiagnosticSink) -> None:
+    for name in ("tp", "pp", "dp", "cp", "ep"):
+        if values.given(name):
+            sink.error(values.spans[name], f"'{name}' applies to stages that run a model on a pool",
+                       "remove it, or place the stage with `on POOL`")
+
+
+def _kind_options(decl, values: OptionValues, env: Resolved, data: str | None, sink) -> dict | None:
+    options = {k: v for k, v in values.values.items() if k not in schema.PLACEMENT_NAMES}
+    if decl.kind == "reward":
+        return _reward_options(decl, values, env, sink)
+    if decl.kind == "train":
+        return _train_options(decl, values, options, sink)
+    if decl.kind == "generate" and data in env.data:
+        return _generate_options(values, options, env.data[data], sink)
+    if decl.kind == "environment":
+        return _environment_options(decl, values, options, env, sink)
+    return options
+
+
+def _reward_options(decl: ast.Stage, values: OptionValues, env: Resolved, sink) -> dict | None:
+    """The shorthands rule=, python= and model= become one weighted `sources` list."""
+    given = [n for n in (*_REWARD_SHORTHANDS, "sources") if values.given(n)]
+    if len(given) != 1:
+        sink.error(values.spans[given[1]] if given[1:] else decl.kind_span,
+                   "a reward stage needs exactly one of rule, python, model or sources",
+                   'e.g. `rule = "exact_match"` or `sources = [rule("exact_match"), python("m:f", weight = 0.5)]`')
+        return None
+    if given[0] != "sources":
+        func = given[0]
+        param = "name" if func == "rule" else "function" if func == "python" else "model"
+        sources = (Call(func, tuple(sorted({param: values[func], "weight": 1.0}.items()))),)
+    else:
+        sources = values["sources"]
+    ok = all(_reward_model_known(s, values, env, sink) for s in sources)
+    python = [s.get("function") for s in sources if s.func == "python" and ":" in s.get("function")]
+    ok = all([_function_found(spec, "reward", decl, env, sink) for spec in python]) and ok
+    return {"sources": sources} if ok else None
+
+
+def _reward_model_known(source: Call, values: OptionValues, env: Resolved, sink) -> bool:
+    ok = True
+    if source.func in ("model", "judge") and source.get("model") not in env.models:
+        span = values.value_spans.get("sources") or values.value_spans.get("model")
+        sink.error(span, f"unknown model '{source.get('model')}' in reward source",
+                   env.symbols.suggest(source.get("model"), ast.Model))
+        ok = False
+    if source.func == "python" and ":" not in source.get("function"):
+        span = values.value_spans.get("sources") or values.value_spans.get("python")
+        sink.error(span, f"python reward '{source.get('function')}' must be written \"module:function\"")
+        ok = False
+    return ok
+
+
+def _train_options(decl, values: OptionValues, options: dict, sink) -> dict | None:
+    if values["instances"] != 1:
+        sink.error(values.value_spans["instances"], "a train stage is one job: instances must be 1",
+                   "use dp for data parallelism")
+        return None
+    if options["clip_high"] is None:
+        options["clip_high"] = 0.28 if options["loss"] == "dapo" else options["clip"]
+    return options
+
+
+def _generate_options(values: OptionValues, options: dict, data: DataSpec, sink) -> dict | None:
+    if options["max_tokens"] is None:
+        options["max_tokens"] = data.max_response
+    elif options["max_tokens"] > data.max_response:
+        sink.error(values.value_spans["max_tokens"],
+                   f"max_tokens = {options['max_tokens']} exceeds data '{data.name}' "
+                   f"max_response = {data.max_response}", "raise max_response in the data block")
+        return None
+    return options
+
+
+def _environment_options(decl, values: OptionValues, options: dict, env: Resolved, sink) -> dict | None:
+    for tool in options["tools"]:
+        if bool(tool.get("python")) == bool(tool.get("command")):
+            sink.error(values.value_spans["tools"],
+                       f"tool '{tool.get('name')}' needs exactly one of python = \"module:function\" "
+                       "or command = \"...\"")
+            return None
+    python = [(t.get("name"), t.get("python")) for t in options["tools"] if t.get("python")]
+    if not all([_function_found(spec, f"tool '{name}'", decl, env, sink) for name, spec in python]):
+        return None
+    return options
+
+
+def _function_found(spec: str, user: str, decl: ast.Stage, env: Resolved, sink) -> bool:
+    """A "module:function" that a reward or tool names can be imported (beside the .aspl file
+    first); checked only when the file's folder is known (`compile_file`, the CLI)."""
+    if env.base_dir is None:
+        return True
+    if spec not in env.loaded:
+        env.loaded[spec] = _load_error(spec, env.base_dir)
+    if env.loaded[spec] is None:
+        return True
+    message, hint = env.loaded[spec]
+    span = _string_spans(decl).get(spec, decl.kind_span)
+    sink.error(span, f'{user} function "{spec}": {message}', hint)
+    return False
+
+
+def _load_error(spec: str, base_dir: Path) -> tuple[str, str] | None:
+    """None when the function loads, else (message, hint)."""
+    try:
+        load_function(spec, base_dir)
+    except UserCodeError as error:
+        return error.message, error.hint
+    return None
+
+
+def _string_spans(decl: ast.Stage) -> dict[str, Span]:
+    """Every string written in a stage's options (inside lists and calls too), by its text."""
+    found: dict[str, Span] = {}
+    pending = [o.value for o in decl.options]
+    while pending:
+        value = pending.pop(0)
+        if isinstance(value, ast.Str):
+            found.setdefault(value.value, value.span)
+        elif isinstance(value, ast.List):
+            pending += value.items
+        elif isinstance(value, ast.Call):
+            pending += [*value.args, *(o.value for o in value.kwargs)]
+    return found

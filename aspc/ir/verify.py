@@ -1,0 +1,126 @@
+"""IR invariants, checked after lowering and after every pass.
+
+1. Every flow joins two stages, carries at least one field, and only fields its source produces.
+2. Dataflow is acyclic; only `weights` flows (TRAIN -> generation) may close a loop.
+3. Every stage's model, data and pool exist, and the model/data a kind needs are present.
+4. A stage's instances x parallel devices fit its pool.
+5. Every option value is a plain value (int, float, str, bool, tuple, Call or None).
+"""
+from __future__ import annotations
+
+import networkx as nx
+
+from aspc.ir.graph import PRODUCES, Stage, StageGraph, StageKind
+from aspc.ir.values import Call
+
+_NEEDS_MODEL = (StageKind.GENERATE, StageKind.REFERENCE, StageKind.CRITIC, StageKind.TRAIN)
+_PASS_FIELDS = {StageKind.CHANNEL, StageKind.DISPATCH, StageKind.WEIGHT_SYNC}
+
+
+class VerificationError(Exception):
+    """An IR invariant does not hold: a compiler bug, never a user error."""
+
+    def __init__(self, problems: list[str], graph: StageGraph):
+        self.problems = problems
+        super().__init__("IR verification failed:\n  " + "\n  ".join(problems))
+
+
+def verify(graph: StageGraph) -> None:
+    problems = verify_problems(graph)
+    if problems:
+        raise VerificationError(problems, graph)
+
+
+def verify_problems(graph: StageGraph) -> list[str]:
+    problems: list[str] = []
+    problems += _flow_problems(graph)
+    problems += _cycle_problems(graph)
+    for stage in graph.nx_graph().nodes:
+        problems += _stage_problems(graph, graph.stage(stage), stage)
+        problems += _inserted_node_problems(graph, graph.stage(stage))
+    return problems
+
+
+def _inserted_node_problems(graph: StageGraph, stage: Stage) -> list[str]:
+    """CHANNEL: one producer, a capacity of (staleness + 1) steps. DISPATCH: one target.
+    WEIGHT_SYNC: weights from one TRAIN stage to one GENERATE stage of the same model."""
+    if stage.kind not in _PASS_FIELDS:
+        return []
+    producers, consumers = graph.producers(stage.name), graph.consumers(stage.name)
+    where = f"{stage.kind.name} {stage.name}"
+    if stage.kind is StageKind.CHANNEL:
+        expected = (stage.option("staleness", 0) + 1) * stage.option("samples_per_step", 0)
+        if len(producers) != 1 or not consumers:
+            return [f"{where}: needs one producer and at least one consumer"]
+        if stage.option("capacity") != expected:
+            return [f"{where}: capacity {stage.option('capacity')} != (staleness + 1) x samples per step"]
+    if stage.kind is StageKind.DISPATCH and [c.name for c in consumers] != [stage.option("target")]:
+        return [f"{where}: must feed exactly its target '{stage.option('target')}'"]
+    if stage.kind is StageKind.WEIGHT_SYNC:
+        kinds = ([p.kind for p in producers], [c.kind for c in consumers])
+        if kinds != ([StageKind.TRAIN], [StageKind.GENERATE]):
+            return [f"{where}: must carry weights from one TRAIN to one GENERATE stage"]
+        if producers[0].model != consumers[0].model:
+            return [f"{where}: trains '{producers[0].model}' but feeds '{consumers[0].model}'"]
+    return []
+
+
+def _flow_problems(graph: StageGraph) -> list[str]:
+    problems = []
+    for flow in graph.flows():
+        source = graph.stage(flow.src)
+        if not flow.fields:
+            problems.append(f"flow {flow.src} -> {flow.dst} carries no field")
+        produced = _produced_by(graph, source)
+        extra = [f for f in flow.fields if produced is not None and f not in produced]
+        if extra:
+            problems.append(f"flow {flow.src} -> {flow.dst} carries {extra}, "
+                            f"but {source.kind.name} {flow.src} produces {sorted(produced)}")
+    return problems
+
+
+def _produced_by(graph: StageGraph, stage: Stage) -> set[str] | None:
+    """What a stage can send on: its own field, or (for a pass-inserted node) what it receives."""
+    if stage.kind in _PASS_FIELDS:
+        return None
+    return {PRODUCES[stage.kind]}
+
+
+def _cycle_problems(graph: StageGraph) -> list[str]:
+    if not graph.has_dataflow_cycle():
+        return []
+    forward = nx.subgraph_view(graph.nx_graph(),
+                               filter_edge=lambda a, b: graph.flow(a, b).fields != ("weights",))
+    try:
+        cycle = nx.find_cycle(forward)
+    except nx.NetworkXNoCycle:
+        return []
+    return ["dataflow cycle: " + " -> ".join(a for a, _ in cycle)]
+
+
+def _stage_problems(graph: StageGraph, stage: Stage, node: str) -> list[str]:
+    problems = []
+    where = f"stage {node} ({stage.kind.name})"
+    if stage.name != node:
+        problems.append(f"{where}: node id differs from its name '{stage.name}'")
+    if stage.kind in _NEEDS_MODEL and stage.model not in graph.models:
+        problems.append(f"{where}: model '{stage.model}' is not declared")
+    if stage.kind is StageKind.GENERATE and stage.data not in graph.data:
+        problems.append(f"{where}: data '{stage.data}' is not declared")
+    if stage.pool is not None:
+        pool = graph.pools.get(stage.pool)
+        if pool is None:
+            problems.append(f"{where}: pool '{stage.pool}' is not declared")
+        elif stage.devices > pool.count:
+            problems.append(f"{where}: needs {stage.devices} devices, pool has {pool.count}")
+    problems += [f"{where}: option {k} holds {type(v).__name__}" for k, v in stage.options
+                 if not _plain(v)]
+    return problems
+
+
+def _plain(value) -> bool:
+    if isinstance(value, tuple):
+        return all(_plain(v) for v in value)
+    if isinstance(value, Call):
+        return all(_plain(v) for _, v in value.kwargs)
+    return value is None or isinstance(value, (int, float, str, bool))

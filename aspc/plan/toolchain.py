@@ -1,0 +1,68 @@
+"""Source to plan in one call: front end, the schedule's passes, the execution plan.
+
+The CLI, the benchmarks and the tests use it; it wires the layers together and adds nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from aspc.frontend.compiler import Compilation, compile_file
+from aspc.frontend.diagnostics import AsplError, Diagnostic
+from aspc.passes.manager import PassRun, run_passes
+from aspc.passes.schedules import pipeline_for, schedule_for
+from aspc.passes.spec import PassSpec, parse_pipeline, pipeline_text
+from aspc.plan.execution_plan import ExecutionPlan, PlanError, build_plan
+from aspc.ir.span import Span
+
+SCHEDULE_SOURCE = "<schedule>"
+
+
+@dataclass
+class Compiled:
+    compilation: Compilation
+    run: PassRun
+    passes: str
+
+    @property
+    def graph(self):
+        return self.run.graph
+
+    def plan(self) -> ExecutionPlan:
+        try:
+            return build_plan(self.run.graph, self.passes)
+        except PlanError as error:
+            raise AsplError([Diagnostic("error", Span.point("<-p>"), str(error), error.hint)]) from None
+
+
+def compile_with_passes(path: str | Path, overrides: list[str] | None = None, schedule: str | None = None,
+                        pipeline: str | None = None, emit_after: str | None = None,
+                        verify_each: bool = True) -> Compiled:
+    """Compile a file and run a pass pipeline: `pipeline` if given, else the schedule's."""
+    return run_schedule(compile_file(path, overrides), schedule, pipeline, emit_after, verify_each)
+
+
+def run_schedule(compilation: Compilation, schedule: str | None = None, pipeline: str | None = None,
+                 emit_after: str | None = None, verify_each: bool = True) -> Compiled:
+    """Run the passes of `pipeline` (or of the schedule) on a compiled program."""
+    chosen = schedule_for(compilation.graph, schedule)
+    graph = compilation.graph.with_schedule(chosen)
+    if pipeline is None:
+        text = pipeline_for(chosen)
+        compilation.sources[SCHEDULE_SOURCE] = text
+        specs = _schedule_specs(text, chosen.span, compilation)
+    else:
+        compilation.sources["<-p>"] = pipeline
+        specs = parse_pipeline(pipeline)
+    run = run_passes(graph, specs, verify_each, emit_after)
+    return Compiled(compilation, run, pipeline_text([s.instance for s in specs]))
+
+
+def _schedule_specs(text: str, span: Span | None, compilation: Compilation) -> list[PassSpec]:
+    """A schedule's pipeline: its passes point at the schedule declaration of the file."""
+    specs = parse_pipeline(text, SCHEDULE_SOURCE)
+    where = span or Span.point(str(compilation.program.file))
+    return [replace(s, span=where) for s in specs]
+
+
+__all__ = ["Compiled", "compile_with_passes", "AsplError", "Diagnostic"]

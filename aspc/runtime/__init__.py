@@ -1,1 +1,0 @@
-"""Drivers that run the controller on real executors: `local` (threads, the CPU backend)."""
