@@ -1,20 +1,29 @@
-"""The executor roles: what the local and Ray drivers ask of a backend, and nothing more.
+"""The executor roles: what the drivers ask of a backend, and nothing more.
 
 A backend provides an `Executors` factory for its platform (the CPU backend:
-`aspc.backends.cpu.executors.CpuExecutors`); the CLI or a test hands it to a driver, so the
-drivers import no backend module (a contract in pyproject.toml). The roles follow DESIGN.md:
-a `GenerationEngine` per instance and a `Trainer`; forward models, judges and tool runners join
-them as the issues that execute those stages land.
+`aspc.backends.cpu.executors.CpuExecutors`; the simulator's priced executors are
+`aspc.backends.sim.pricing.RooflinePricing`); the CLI picks it by the plan's hardware
+(aspc/cli/backends.py) and hands it to a driver, so the drivers import no backend module (a
+contract in pyproject.toml). Which role runs a stage is the stage-kind table's
+(aspc/controller/kinds.py):
+
+- `GenerationEngine` — one generation instance: takes requests, steps, loads weights.
+- `Trainer` — the policy's learner: reference, critic and train passes per streamed unit, the
+  optimizer step, the weights it publishes (and a rule or python reward, on the host).
+- `ForwardModel` — a model that scores token sequences on its own devices (a reward model).
+- `Judge` — a generation engine used as a scorer (an LLM judge); refused until issue 12.
+- `ToolRunner` — runs a tool call of an environment episode with a timeout; refused until issue 13.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
-from collections.abc import Callable
 
 
 class GenerationEngine(Protocol):
     busy: bool
+    slots: int  # requests it holds at once
 
     def add(self, key: Any, ids: list[int], seed: int) -> None: ...
 
@@ -36,7 +45,19 @@ class Trainer(Protocol):
 
     def optimizer_step(self) -> dict: ...
 
-    def snapshot(self) -> Any: ...
+    def snapshot(self) -> Any: ...  # the weights to publish
+
+
+class ForwardModel(Protocol):
+    def score(self, rollouts: list) -> None: ...  # sets each rollout's reward
+
+
+class Judge(Protocol):
+    def judge(self, rollouts: list) -> None: ...  # generates a verdict per rollout, sets its reward
+
+
+class ToolRunner(Protocol):
+    def run(self, tool: str, arguments: str, timeout_s: float) -> str: ...
 
 
 class Executors(Protocol):
@@ -54,9 +75,13 @@ class Executors(Protocol):
 
     def snapshot(self) -> Any: ...
 
-    def generation_engine(self, instances: int) -> GenerationEngine: ...
+    def generation_engine(self, index: int, instances: int) -> GenerationEngine: ...
 
     def trainer(self) -> Trainer: ...
+
+    def forward_model(self, stage: str, instance: int) -> ForwardModel: ...
+
+    def switch_pool(self, pool: str, mode: str) -> None: ...  # offload one side, onload the other
 
     def rollout(self, sample: Any, finished: Any, prompt: Any) -> Any: ...
 

@@ -11,6 +11,7 @@ import platform
 from pathlib import Path
 
 from aspc.backends.cpu.calibrate import calibrate
+from aspc.backends.sim.pricing import RooflinePricing
 from aspc.drivers.sim.result import simulate
 from aspc.accounting.measured import bubble_shares
 from aspc.backends.cpu.executors import CpuExecutors
@@ -41,8 +42,8 @@ def main() -> None:
         samples = sum(m["samples"] for m in result.metrics)
         final = sum(m["reward"] for m in result.metrics[-10:]) / min(10, len(result.metrics))
         shares = bubble_shares(result.spans, result.wall_s)
-        calibrated = simulate(plan, args.steps, calibration=calibration).step_time
-        predicted = simulate(plan, args.steps).step_time
+        calibrated = simulate(plan, args.steps, RooflinePricing(plan, calibration)).step_time
+        predicted = simulate(plan, args.steps, RooflinePricing(plan)).step_time
         print(f"| {schedule} | {result.wall_s:.1f} | {result.wall_s / args.steps:.3f} | {tokens / result.wall_s:.0f} | "
               f"{samples / result.wall_s:.1f} | {final:.3f} | {runtime.accuracy(256):.3f} | "
               + " | ".join(f"{100 * shares[c]:.0f}%" for c in ("useful", "skewness", "sorting", "sync", "idle"))

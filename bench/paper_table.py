@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from aspc.accounting.ledger import CATEGORIES
+from aspc.backends.sim.pricing import RooflinePricing
 from aspc.drivers.sim.result import simulate
 from aspc.plan.toolchain import compile_with_passes
 
@@ -34,7 +35,7 @@ def main() -> None:
         for schedule in SCHEDULES:
             plan = compile_with_passes(ROOT / "pipelines" / f"{name}.aspl", schedule=schedule).plan()
             start = time.perf_counter()
-            results[schedule] = (simulate(plan, args.steps), time.perf_counter() - start)
+            results[schedule] = (simulate(plan, args.steps, RooflinePricing(plan)), time.perf_counter() - start)
         asp = results["asp"][0]
         for schedule, (r, wall) in results.items():
             stale = ", ".join(f"{k}:{v}" for k, v in r.staleness.items())

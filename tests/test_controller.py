@@ -8,19 +8,35 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aspc.controller import Controller, ControllerConfig
-from aspc.controller.events import (Dispatch, InstanceFailed, InstanceIdle, InstanceRecovered, OptimizerStep,
-                                    RestartInstance, RunWork, SampleFinished, Start, SyncWeights,
-                                    WeightsLoaded, WeightsPublished, WorkFinished)
+from aspc.controller.config import ExecutorSpec, RoutedStage
+from aspc.controller.events import (Dispatch, InstanceFailed, InstanceIdle, InstanceRecovered, OptimizerDone,
+                                    OptimizerStep, PoolSwitched, PublishWeights, RestartInstance, RunWork,
+                                    SampleFinished, Start, SwitchPool, SyncWeights, WeightsLoaded, WeightsPublished,
+                                    WorkFinished)
 
-configs = st.builds(
-    ControllerConfig,
-    steps=st.integers(1, 4), prompts_per_step=st.integers(1, 4), group=st.integers(1, 3),
-    instances=st.integers(1, 4), staleness=st.integers(0, 2),
-    policy=st.sampled_from(["queue_aware", "least_requests", "round_robin"]),
-    group_affinity=st.booleans(), stream_micro=st.sampled_from([None, 1, 2, 6]),
-    partial_rollout=st.integers(0, 2),
-    forward_stages=st.sampled_from([(), (("score", "reward"),), (("score", "reward"), ("ref", "reference"))]),
-    train_stage=st.just("update"), max_response=st.just(64))
+SCORE, REF = RoutedStage("score", "reward", None), RoutedStage("ref", "reference", "trainer")
+RM = RoutedStage("score", "reward", "forward_model")
+
+
+def executors(forward: tuple, time_shared: bool) -> tuple:
+    """The trainer's devices (with the reference on them), and two reward-model instances."""
+    trainer = ExecutorSpec("learner", "gpus", (0,), (("update", 0),) + ((("ref", 0),) if REF in forward else ()),
+                           time_shared)
+    judges = tuple(ExecutorSpec(f"judges[{k}]", "judges", (k,), (("score", k),), False) for k in range(2))
+    return (trainer,) + (judges if RM in forward else ())
+
+
+@st.composite
+def configs(draw):
+    forward = draw(st.sampled_from([(), (SCORE,), (SCORE, REF), (RM,), (RM, REF)]))
+    time_shared = draw(st.booleans())
+    return ControllerConfig(
+        steps=draw(st.integers(1, 4)), prompts_per_step=draw(st.integers(1, 4)), group=draw(st.integers(1, 3)),
+        instances=draw(st.integers(1, 4)), staleness=draw(st.integers(0, 2)),
+        policy=draw(st.sampled_from(["queue_aware", "least_requests", "round_robin"])),
+        group_affinity=draw(st.booleans()), stream_micro=draw(st.sampled_from([None, 1, 2, 6])),
+        partial_rollout=draw(st.integers(0, 2)), forward_stages=forward, train_stage="update", max_response=64,
+        executors=executors(forward, time_shared), gen_pool="gpus")
 
 
 class RandomDriver:
@@ -41,7 +57,11 @@ class RandomDriver:
                 if a.work.kind == "train":
                     self.trained.update(a.work.samples)
             elif isinstance(a, OptimizerStep):
-                self.events.append(WeightsPublished(a.step + 1))
+                self.events.append(OptimizerDone(a.step))
+            elif isinstance(a, PublishWeights):
+                self.events.append(WeightsPublished(a.version))
+            elif isinstance(a, SwitchPool):
+                self.events.append(PoolSwitched(a.pool, a.mode))
             elif isinstance(a, SyncWeights):
                 self.events.append(WeightsLoaded(a.instance, a.version))
             elif isinstance(a, RestartInstance):
@@ -72,7 +92,7 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 
 
 @SETTINGS
-@given(configs, st.integers(0, 10**6), st.sampled_from([0.0, 0.02]))
+@given(configs(), st.integers(0, 10**6), st.sampled_from([0.0, 0.02]))
 def test_every_sample_trained_exactly_once_within_the_staleness_bound(config, seed, fail_rate):
     driver = RandomDriver(config, seed, fail_rate)
     driver.run()
@@ -83,7 +103,7 @@ def test_every_sample_trained_exactly_once_within_the_staleness_bound(config, se
 
 
 @SETTINGS
-@given(configs, st.integers(0, 10**6))
+@given(configs(), st.integers(0, 10**6))
 def test_staleness_zero_is_on_policy(config, seed):
     config = ControllerConfig(**{**config.__dict__, "staleness": 0, "partial_rollout": 0})
     driver = RandomDriver(config, seed, 0.0)
@@ -92,7 +112,7 @@ def test_staleness_zero_is_on_policy(config, seed):
 
 
 def test_a_failed_instance_has_its_work_requeued_and_redone():
-    config = ControllerConfig(2, 2, 2, 2, 0, "queue_aware", True, None, 0, (), "update", 64)
+    config = ControllerConfig(2, 2, 2, 2, 0, "queue_aware", True, None, 0, (), "update", 64, executors((), False))
     c = Controller(config, lambda s, p: 4)
     c.handle(Start())
     dispatched = c.handle(InstanceIdle(0, 8))

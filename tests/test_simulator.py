@@ -4,6 +4,7 @@ import json
 import pytest
 
 from aspc.accounting.ledger import CATEGORIES
+from aspc.backends.sim.pricing import RooflinePricing
 from aspc.drivers.sim.result import simulate
 from aspc.plan.toolchain import compile_with_passes
 from conftest import ROOT
@@ -11,7 +12,7 @@ from conftest import ROOT
 
 def run(name, schedule, steps=4, overrides=()):
     plan = compile_with_passes(ROOT / "pipelines" / f"{name}.aspl", list(overrides), schedule).plan()
-    return simulate(plan, steps)
+    return simulate(plan, steps, RooflinePricing(plan))
 
 
 @pytest.mark.parametrize("name", ["tiny_grpo", "tiny_ppo", "grpo_7b", "dapo_32b", "grpo_30b_moe"])
@@ -99,22 +100,47 @@ def test_the_simulator_imports_no_torch():
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
-def test_stages_the_simulator_cannot_price_are_refused_at_their_line(aspc, tmp_path):
-    """A reward model or an environment would otherwise be free: same step time as a rule reward."""
-    source = (ROOT / "pipelines" / "grpo_7b.aspl").read_text().replace('jsonl("data/math.jsonl")', 'synthetic("arith")')
-    rm = source.replace("pool learner = 910b3 x 8", "pool learner = 910b3 x 8\npool judges = 910b3 x 8").replace(
+def _grpo_7b_source() -> str:
+    return (ROOT / "pipelines" / "grpo_7b.aspl").read_text().replace('jsonl("data/math.jsonl")', 'synthetic("arith")')
+
+
+def _with_reward_model(source: str, instances: int = 1) -> str:
+    return source.replace("pool learner = 910b3 x 8", "pool learner = 910b3 x 8\npool judges = 910b3 x 8").replace(
         "model ref = frozen(actor)", "model ref = frozen(actor)\nmodel rm = qwen2.5-7b").replace(
-        'reward(gen, rule = "math_verify")', "reward(gen, model = rm) on judges { tp = 4 }")
+        'reward(gen, rule = "math_verify")', f"reward(gen, model = rm) on judges {{ tp = 4, instances = {instances} }}")
+
+
+def test_a_reward_model_is_priced_on_its_own_pool(tmp_path):
+    """The reward model's scoring runs on its pool and shows in the ledger; it cannot make the
+    step faster than a rule reward (it adds a forward pass between generation and training)."""
+    plans = {}
+    for name, text in (("rule", _grpo_7b_source()), ("rm", _with_reward_model(_grpo_7b_source(), 2))):
+        (tmp_path / f"{name}.aspl").write_text(text)
+        plans[name] = compile_with_passes(tmp_path / f"{name}.aspl", [], "asp").plan()
+    rule, rm = (simulate(plans[n], 3, RooflinePricing(plans[n])) for n in ("rule", "rm"))
+    assert rm.devices == rule.devices + 8
+    assert rm.step_time >= rule.step_time
+    scoring = [s for s in rm.spans if s.track.startswith("judges") and s.label.startswith("reward step")]
+    assert {s.track for s in scoring} == {"judges[0]", "judges[1]"}  # both instances score units
+    assert sum(s.end - s.start for s in scoring) > 0
+    assert not any(s.track.startswith("judges") for s in rule.spans)
+
+
+def test_stages_the_simulator_cannot_price_are_refused_at_their_line(aspc, tmp_path):
+    """An environment or an LLM judge would otherwise be free: same step time as a rule reward."""
+    source = _grpo_7b_source()
+    judge = _with_reward_model(source).replace("reward(gen, model = rm)",
+                                               'reward(gen, sources = [judge(model = rm, prompt = "grade it")])')
     env = source.replace('stage score  = reward(gen, rule = "math_verify")',
                          'stage env = environment(gen) { tools = [tool("calc", python = "tools:calc")], '
                          'max_turns = 3 }\n'
                          'stage score  = reward(env, rule = "math_verify")').replace(
         "train(actor, gen, ref_lp, adv)", "train(actor, env, ref_lp, adv)")
     (tmp_path / "tools.py").write_text("def calc(expression: str) -> str:\n    return expression\n")
-    for name, text, what in (("rm", rm, "model(...) reward sources"), ("env", env, "environment stages")):
+    for name, text, what in (("judge", judge, "judge(...) reward sources"), ("env", env, "environment stages")):
         path = tmp_path / f"{name}.aspl"
         path.write_text(text)
         result = aspc("simulate", str(path), "--steps", "1")
         assert result.exit_code == 1, result.output
-        assert f"{name}.aspl:" in result.output and f"cannot price {what}" in result.output
-        assert "Traceback" not in result.output
+        assert f"{name}.aspl:" in result.output and f"no driver executes or prices {what}" in result.output
+        assert "never counted as free" in result.output and "Traceback" not in result.output

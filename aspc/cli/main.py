@@ -155,20 +155,26 @@ def simulate(file, compare, steps, trace_path, plot_path, overrides, schedule, p
     from aspc.drivers.sim.result import simulate as run_simulation
     from aspc.controller.config import UnsupportedPlan
 
-    schedules = ["sync-naive", "sync", "asp"] if compare else [schedule]
-    plans = []
-    for kind in schedules:
-        compiled = _compile(file, overrides, kind, pipeline, None, False)
-        plans.append(_plan(compiled, pipeline))
-    from aspc.backends.sim.coverage import unpriced_stages
+    from aspc.cli.backends import simulator_pricing
+    from aspc.controller.kinds import refusals
 
-    _refuse_at_stages(file, overrides, compiled, unpriced_stages(plans[0]))
+    schedules = ["sync-naive", "sync", "asp"] if compare else [schedule]
+    if _is_plan_file(file):
+        if compare:
+            raise click.UsageError("--compare compiles the .aspl file three ways; a .json plan is compiled already")
+        plans, compiled = [_load_plan(file, overrides, schedule, pipeline)], None
+    else:
+        plans = []
+        for kind in schedules:
+            compiled = _compile(file, overrides, kind, pipeline, None, False)
+            plans.append(_plan(compiled, pipeline))
+    _refuse_at_stages(file, overrides, compiled, refusals(plans[0]))
     results = []
     with _progress(len(plans) * steps) as bar:
         for plan in plans:
             bar.set_description(plan.schedule)
             try:
-                results.append(run_simulation(plan, steps, _advance(bar)))
+                results.append(run_simulation(plan, steps, simulator_pricing(plan), _advance(bar)))
             except UnsupportedPlan as error:
                 raise click.ClickException(f"{file}: cannot simulate: {error}") from None
             except SimulationStalled as error:
@@ -212,14 +218,19 @@ def run(file, backend, runtime, address, steps, warmstart_steps, seed, metrics_p
     if backend == "ascend":
         _run_ascend(file, overrides, schedule, pipeline, dry_run)
         return
-    compiled = _compile(file, overrides, schedule, pipeline, None, False)
     request = RunRequest(file, steps, warmstart_steps, seed, metrics_path, trace_path, checkpoint_dir,
                          checkpoint_every, resume, runtime, address, threads)
-    from aspc.backends.cpu.executors import CpuExecutors
+    from aspc.cli.backends import run_executors
+    from aspc.controller.kinds import refusals
 
-    plan = _plan(compiled, pipeline)
-    _refuse_at_stages(file, overrides, compiled, CpuExecutors.unsupported(plan))
-    run_training(request, plan, CpuExecutors)
+    if _is_plan_file(file):
+        plan, compiled = _load_plan(file, overrides, schedule, pipeline), None
+    else:
+        compiled = _compile(file, overrides, schedule, pipeline, None, False)
+        plan = _plan(compiled, pipeline)
+    executors = run_executors(backend)
+    _refuse_at_stages(file, overrides, compiled, refusals(plan) or executors.unsupported(plan))
+    run_training(request, plan, executors)
 
 
 def _run_ascend(file, overrides, schedule, pipeline, dry_run) -> None:
@@ -280,12 +291,37 @@ def _write_pictures(results, trace_path, plot_path) -> None:
         raise click.ClickException(f"cannot write {error.filename}: {error.strerror}") from None
 
 
-def _refuse_at_stages(file, overrides, compiled: Compiled, refusals) -> None:
+def _is_plan_file(file) -> bool:
+    return str(file).endswith(".json")
+
+
+def _load_plan(file, overrides, schedule, pipeline):
+    """An execution plan written by `aspc compile --emit plan -o NAME.plan.json` (a remote or
+    multi-node driver's input); data and Python files it names are looked up beside it."""
+    from aspc.plan.execution_plan import ExecutionPlan
+
+    given = [flag for flag, value in (("--set", overrides), ("--schedule", schedule), ("-p", pipeline))
+             if value is not None and value != ()]
+    if given:
+        raise click.UsageError(f"{' and '.join(given)} apply when compiling an .aspl file; {file} is a compiled "
+                               "plan (recompile it with the options instead)")
+    try:
+        return ExecutionPlan.from_json(Path(file).read_text(encoding="utf-8"))
+    except OSError as error:
+        raise click.ClickException(f"{file}: cannot read it: {error.strerror}") from None
+    except (ValueError, KeyError, TypeError) as error:
+        raise click.ClickException(f"{file}: not an execution plan of this aspc version ({error}); write one "
+                                   "with `aspc compile FILE.aspl --emit plan -o NAME.plan.json`") from None
+
+
+def _refuse_at_stages(file, overrides, compiled: Compiled | None, refusals) -> None:
     """Stages a backend cannot execute or price: an error at each one's line (or the option that
-    causes it), exit 1, before anything runs."""
+    causes it), exit 1, before anything runs. A loaded plan has no source: the file is named."""
     from aspc.frontend.diagnostics import Diagnostic
     from aspc.ir.span import Span
 
+    if compiled is None and refusals:
+        raise click.ClickException("\n".join(f"{file}: {r.message} ({r.hint})" for r in refusals))
     diagnostics = []
     for refusal in refusals:
         stage = compiled.graph.stage(refusal.stage)

@@ -3,13 +3,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aspc.plan.execution_plan import ExecutionPlan
-
-FORWARD_KINDS = ("reward", "reference", "critic")
+from aspc.controller.kinds import rule_for
+from aspc.plan.execution_plan import ExecutionPlan, StagePlan
 
 
 class UnsupportedPlan(Exception):
     """The runtime cannot execute this plan shape (said with what to change)."""
+
+
+@dataclass(frozen=True)
+class RoutedStage:
+    """A stage the controller sends streamed units to after generation: a forward stage or training."""
+
+    name: str
+    kind: str
+    role: str | None  # the executor role that runs it; None: on the host, by the driver itself
+
+
+@dataclass(frozen=True)
+class ExecutorSpec:
+    """Devices that run one thing at a time: every (stage, instance) placed on them.
+
+    Stages whose instances overlap on a pool's devices share an executor (time-shared); disjoint
+    placements get their own and run side by side."""
+
+    name: str  # the trace track: the pool, or pool[k] when the pool has several executors
+    pool: str
+    devices: tuple[int, ...]
+    hosts: tuple[tuple[str, int], ...]  # (stage, instance index)
+    time_shared: bool  # shares its devices with generation instances (the pool switches between them)
 
 
 @dataclass(frozen=True)
@@ -23,14 +45,24 @@ class ControllerConfig:
     group_affinity: bool
     stream_micro: int | None  # samples per streamed unit; None: a barrier on the whole step
     partial_rollout: int  # max splits of one sample at weight syncs; 0: drain before a sync
-    forward_stages: tuple[tuple[str, str], ...]  # (stage, kind) run on each unit before training
+    forward_stages: tuple[RoutedStage, ...]  # run on each unit before training, in plan order
     train_stage: str
     max_response: int
+    executors: tuple[ExecutorSpec, ...] = ()
+    gen_pool: str | None = None
     checkpoint_every: int = 0
 
     @property
     def samples_per_step(self) -> int:
         return self.prompts_per_step * self.group
+
+    @property
+    def shared_pool(self) -> str | None:
+        """The pool generation time-shares with learner-side executors (None: disaggregated)."""
+        return self.gen_pool if any(e.time_shared for e in self.executors) else None
+
+    def executor_of(self, stage: str, instance: int = 0) -> int:
+        return next(k for k, e in enumerate(self.executors) if (stage, instance) in e.hosts)
 
     @staticmethod
     def from_plan(plan: ExecutionPlan, steps: int, checkpoint_every: int = 0) -> ControllerConfig:
@@ -41,7 +73,9 @@ class ControllerConfig:
         gen, train = generators[0], trainers[0]
         data = plan.dataset(gen.data)
         dispatch = next((d for d in plan.dispatches if d.target == gen.name), None)
-        forward = tuple((s.name, s.kind) for s in plan.stages if s.kind in FORWARD_KINDS)
+        routed = [s for s in plan.stages if s.kind in ("reward", "reference", "critic")]
+        forward = tuple(RoutedStage(s.name, s.kind, rule_for(s).role) for s in routed)
+        on_devices = [s for s in routed if rule_for(s).role is not None] + [train]
         return ControllerConfig(
             steps=steps, prompts_per_step=data.prompts_per_step, group=data.group,
             instances=len(gen.instances), staleness=plan.staleness,
@@ -49,4 +83,35 @@ class ControllerConfig:
             group_affinity=dispatch.group_affinity if dispatch else True,
             stream_micro=train.stream_micro, partial_rollout=gen.partial_rollout,
             forward_stages=forward, train_stage=train.name, max_response=data.max_response,
-            checkpoint_every=checkpoint_every)
+            executors=_executors(on_devices, gen), gen_pool=gen.pool, checkpoint_every=checkpoint_every)
+
+
+def _executors(stages: list[StagePlan], gen: StagePlan) -> tuple[ExecutorSpec, ...]:
+    """Group (stage, instance) placements whose devices overlap on a pool, in plan order."""
+    groups: list[tuple[str, set[int], list[tuple[str, int]]]] = []
+    for stage in stages:
+        for inst in stage.instances:
+            devices = set(inst.devices) or {-1 - inst.index}  # a host-placed instance: its own executor
+            merged = [g for g in groups if g[0] == stage.pool and g[1] & devices]
+            for g in merged:
+                groups.remove(g)
+                devices |= g[1]
+            hosts = [h for g in merged for h in g[2]] + [(stage.name, inst.index)]
+            groups.append((stage.pool, devices, sorted(hosts, key=_plan_order(stages))))
+    groups.sort(key=lambda g: min(_plan_order(stages)(h) for h in g[2]))
+    gen_devices = {d for inst in gen.instances for d in inst.devices}
+    per_pool: dict[str, int] = {}
+    for pool, _, _ in groups:
+        per_pool[pool] = per_pool.get(pool, 0) + 1
+    out, seen = [], {}
+    for pool, devices, hosts in groups:
+        k = seen[pool] = seen.get(pool, -1) + 1
+        name = pool if per_pool[pool] == 1 else f"{pool}[{k}]"
+        shared = pool == gen.pool and bool(devices & gen_devices)
+        out.append(ExecutorSpec(name, pool, tuple(sorted(devices)), tuple(hosts), shared))
+    return tuple(out)
+
+
+def _plan_order(stages: list[StagePlan]):
+    order = {s.name: i for i, s in enumerate(stages)}
+    return lambda host: (order[host[0]], host[1])

@@ -5,16 +5,17 @@ from collections import Counter
 from collections.abc import Callable
 
 from aspc.controller.config import ControllerConfig
-from aspc.controller.events import (Checkpoint, Finished, InstanceFailed, InstanceIdle,
-                                    InstanceRecovered, OptimizerStep, RestartInstance, RunWork,
-                                    SampleFinished, Start, SyncWeights, WeightsLoaded, WeightsPublished,
-                                    WorkFinished)
+from aspc.controller.devices import DeviceWork, Item
+from aspc.controller.events import (Checkpoint, Finished, InstanceFailed, InstanceIdle, InstanceRecovered,
+                                    OptimizerDone, PoolSwitched, RestartInstance, RunWork, SampleFinished,
+                                    Start, SwitchPool, SyncWeights, WeightsLoaded, WeightsPublished, WorkFinished)
 from aspc.controller.generation import Generation
 from aspc.controller.learner import Learner
 
 
 class Controller:
-    """Executes a plan's schedule: dispatch, the staleness gate, streaming, weight versions.
+    """Executes a plan's schedule: dispatch, the staleness gate, streaming, the order of learner
+    work, publishing, weight versions, checkpoints and the switching of a time-shared pool.
 
     `prompt_len(step, prompt)` gives a prompt's length in tokens (known when it is released).
     """
@@ -25,6 +26,10 @@ class Controller:
         self.version = start_version  # published policy version: optimizer steps done
         self.gen = Generation(config, prompt_len, start_version)
         self.learner = Learner(config)
+        self.devices = DeviceWork(config)
+        self.host_stages = {s.name for s in config.forward_stages if s.role is None}
+        self.shared = [k for k, e in enumerate(config.executors) if e.time_shared]
+        self.mode = "gen"  # of the time-shared pool: "gen" | "learn" | "switching" (ignored without one)
         self.staleness = Counter()  # staleness (u - v) of every sample trained
         self.used: set = set()  # samples delivered to training
         self.finished = start_version >= config.steps  # resumed at the end: nothing to do
@@ -50,14 +55,23 @@ class Controller:
         sample = event.sample
         self.staleness[sample[0] - self.gen.start_version[sample]] += 1
         self.used.add(sample)
-        actions = [RunWork(w) for w in self.learner.sample_done(sample)]
+        actions = self._route(self.learner.sample_done(sample))
         return actions + self._drained_syncs(event.instance)
 
     def _on_WorkFinished(self, event: WorkFinished) -> list:
+        self.devices.work_done(event.work)
         step = self.learner.work_done(event.work)
-        return [] if step is None else [OptimizerStep(step)]
+        if step is not None:
+            self.devices.submit(Item("optimizer", step=step))
+        return []
+
+    def _on_OptimizerDone(self, event: OptimizerDone) -> list:
+        self.devices.trainer_done("optimizer")
+        self.devices.submit(Item("publish", step=event.step + 1), first=True)
+        return []
 
     def _on_WeightsPublished(self, event: WeightsPublished) -> list:
+        self.devices.trainer_done("publish")
         self.version = event.version
         actions = []
         every = self.config.checkpoint_every
@@ -80,6 +94,13 @@ class Controller:
             inst.pending_sync = None
         return []
 
+    def _on_PoolSwitched(self, event: PoolSwitched) -> list:
+        self.mode = event.mode
+        self.gen.paused = event.mode != "gen"
+        if event.mode != "gen":
+            return []
+        return [a for i in range(len(self.gen.instances)) for a in self._sync_if_ready(i)]
+
     def _on_InstanceFailed(self, event: InstanceFailed) -> list:
         self.gen.fail(event.instance)
         return [RestartInstance(event.instance)]
@@ -90,12 +111,46 @@ class Controller:
         inst.pending_sync = inst.syncing = self.version
         return [SyncWeights(event.instance, self.version, False)]
 
+    # -- learner-side work --
+    def _route(self, works: list) -> list:
+        """Host stages run at once (the driver itself, no devices); the rest queue for executors."""
+        actions = []
+        for work in works:
+            if work.stage in self.host_stages:
+                actions.append(RunWork(work, None))
+            else:
+                self.devices.submit(Item("work", work))
+        return actions
+
+    def _may_learn(self, k: int) -> bool:
+        return k not in self.shared or self.mode == "learn"
+
+    def _switches(self) -> list:
+        """Hand a time-shared pool to the learner when generation has nothing it can run and the
+        learner has, and back when the learner is done and generation has work."""
+        if not self.shared or self.mode == "switching":
+            return []
+        gen_busy = any(self.has_work(i) for i in range(len(self.gen.instances)))
+        if self.mode == "gen" and not gen_busy and self.devices.waiting_for(self.shared):
+            target = "learn"
+        elif self.mode == "learn" and gen_busy and not self.devices.busy(self.shared) \
+                and not self.devices.waiting_for(self.shared):
+            target = "gen"
+        else:
+            return []
+        self.mode = "switching"
+        self.gen.paused = True
+        return [SwitchPool(self.config.shared_pool, target)]
+
     # -- weight syncs --
     def _sync_if_ready(self, i: int) -> list:
-        """Sync now if the instance is drained, or interrupt it under partial rollout."""
+        """Sync now if the instance is drained, or interrupt it under partial rollout; an instance
+        whose pool the learner holds syncs when the pool comes back."""
         inst = self.gen.instances[i]
         if inst.pending_sync is None or inst.pending_sync <= inst.loaded:
             inst.pending_sync = None
+            return []
+        if self.gen.paused:
             return []
         if not inst.inflight:
             return self._sync(i, False)
@@ -116,7 +171,7 @@ class Controller:
     def _drained_syncs(self, i: int) -> list:
         inst = self.gen.instances[i]
         if inst.pending_sync is not None and inst.live and not inst.inflight:
-            return self._sync(i, False)
+            return self._sync_if_ready(i)
         return []
 
     # -- after every event --
@@ -125,8 +180,10 @@ class Controller:
             return []
         self.gen.release(self.version)
         actions: list = self.gen.dispatch_all(only)
-        actions += [RunWork(w) for w in self.learner.runnable_train(self.version)]
-        return actions
+        for work in self.learner.runnable_train(self.version):
+            self.devices.submit(Item("work", work))
+        actions += self.devices.start(self._may_learn)
+        return actions + self._switches()
 
     # -- what drivers, tests and reports read --
     def has_work(self, i: int) -> bool:
@@ -144,6 +201,8 @@ class Controller:
     def idle_while_others_queue(self) -> list[tuple[int, int]]:
         """(idle instance, instance with queued work it could take): empty under queue-aware dispatch."""
         pairs = []
+        if self.gen.paused:
+            return pairs
         for i, inst in enumerate(self.gen.instances):
             if not inst.live or inst.pending_sync is not None or inst.queue or len(inst.inflight) >= inst.capacity:
                 continue

@@ -51,6 +51,21 @@ class WeightsLoaded:
 
 
 @dataclass(frozen=True)
+class OptimizerDone:
+    """The optimizer update of `step` is applied on the trainer (not yet handed out)."""
+
+    step: int
+
+
+@dataclass(frozen=True)
+class PoolSwitched:
+    """The time-shared pool now belongs to `mode`: "gen" (generation instances) or "learn"."""
+
+    pool: str
+    mode: str
+
+
+@dataclass(frozen=True)
 class InstanceFailed:
     instance: int
 
@@ -81,11 +96,27 @@ class Work:
 @dataclass(frozen=True)
 class RunWork:
     work: Work
+    executor: int | None  # index into config.executors; None: a host stage the driver runs itself
 
 
 @dataclass(frozen=True)
 class OptimizerStep:
     step: int  # turns version `step` into `step + 1`
+
+
+@dataclass(frozen=True)
+class PublishWeights:
+    """The trainer hands out `version` (after the optimizer step that made it)."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class SwitchPool:
+    """Give the time-shared pool to `mode` ("gen" or "learn"): offload one side, onload the other."""
+
+    pool: str
+    mode: str
 
 
 @dataclass(frozen=True)
@@ -112,6 +143,7 @@ class Finished:
 
 # The closed unions: a driver handles every member with `match` and `assert_never`, so a new event
 # or action breaks the type check where it is not handled instead of being dropped.
-Event = (Start | InstanceIdle | SampleFinished | WorkFinished | WeightsPublished | WeightsLoaded | InstanceFailed
-         | InstanceRecovered)
-Action = Dispatch | RunWork | OptimizerStep | SyncWeights | RestartInstance | Checkpoint | Finished
+Event = (Start | InstanceIdle | SampleFinished | WorkFinished | OptimizerDone | WeightsPublished | WeightsLoaded
+         | PoolSwitched | InstanceFailed | InstanceRecovered)
+Action = (Dispatch | RunWork | OptimizerStep | PublishWeights | SyncWeights | SwitchPool | RestartInstance | Checkpoint
+          | Finished)

@@ -48,6 +48,7 @@ class Generation:
         self.finished_count = 0
         self.released_steps = start_version
         self.routed = 0
+        self.paused = False  # the time-shared pool belongs to the learner (or is changing hands)
 
     # -- prediction of queued work (queue-aware dispatch) --
     def predicted(self, sample: SampleId, prompt_len: int) -> float:
@@ -97,6 +98,8 @@ class Generation:
     def dispatch_all(self, only: int | None = None) -> list[Dispatch]:
         """Fill free capacity (of every instance, or of `only`) from the queues."""
         actions = []
+        if self.paused:
+            return actions
         for i, inst in enumerate(self.instances):
             if (only is not None and i != only) or not inst.live or inst.pending_sync is not None:
                 continue

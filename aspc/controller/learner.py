@@ -46,7 +46,7 @@ class Learner:
 
     def _unit(self, step: int, samples: tuple) -> list[Work]:
         train = self._new(self.config.train_stage, "train", step, samples)
-        forward = [self._new(name, kind, step, samples) for name, kind in self.config.forward_stages]
+        forward = [self._new(s.name, s.kind, step, samples) for s in self.config.forward_stages]
         self.forward_left[train.id] = len(forward)
         self.train_left[step] += 1
         for work in forward:

@@ -56,7 +56,8 @@ class CpuExecutors:
     def snapshot(self) -> dict:
         return copy.deepcopy(self.actor.state_dict())
 
-    def generation_engine(self, instances: int) -> BatchGenerator:
+    def generation_engine(self, index: int, instances: int) -> BatchGenerator:
+        """Instance `index` of `instances` (all alike on a CPU)."""
         options = dict(self.gen_stage.options)
         slots = default_slots(self.data.samples_per_step, instances, self.data.group)
         return BatchGenerator(copy.deepcopy(self.actor).eval(), slots, options["max_tokens"],
@@ -69,6 +70,12 @@ class CpuExecutors:
         if self.learner is None:
             self.learner = Learner(self.actor, self._reference(), self._critic(), self._settings(), self.reward_fn)
         return self.learner
+
+    def forward_model(self, stage: str, instance: int):
+        raise NotImplementedError(f"stage '{stage}': the CPU backend runs no reward model (refused before the run)")
+
+    def switch_pool(self, pool: str, mode: str) -> None:
+        """A time-shared pool changes hands: CPU threads share memory, so nothing moves."""
 
     def rollout(self, sample, finished, prompt: Prompt) -> Rollout:
         return Rollout(finished.prompt, finished.response, finished.logprobs, prompt.text, prompt.answer,

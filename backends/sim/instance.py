@@ -92,9 +92,22 @@ class GenInstance:
         self.generation += 1
         return done
 
+    def _finish_step_in_progress(self, now: float) -> None:
+        """A decode step under way when new work arrives completes first (an engine admits new
+        requests and loads weights between steps, never inside one)."""
+        start = max(self.clock, self.busy_until)
+        if self.active and now > start and self.active[0][0] > self.count:
+            end = start + self.steps_time(1)
+            self._decode_segment(start, end)
+            self.count += 1
+            self.context += self.batch
+            self.clock = end
+            self.generation += 1
+
     def admit(self, now: float, requests: list, response_len) -> None:
         """Start requests: prefill them (a stall), then they decode with the batch."""
         self.advance(now)
+        self._finish_step_in_progress(now)
         self.clock = max(self.clock, now)
         start = max(self.clock, self.busy_until)
         prompt_tokens = sum(r.prompt_len for r in requests)
@@ -114,6 +127,7 @@ class GenInstance:
     def load_weights(self, now: float, seconds: float, interrupt: bool) -> float:
         """A weight sync: stall for `seconds`; an interrupted batch re-prefills its KV cache."""
         self.advance(now)
+        self._finish_step_in_progress(now)
         start = max(now, self.busy_until, self.clock)
         end = start + seconds
         if interrupt and self.active:

@@ -1,10 +1,12 @@
-"""The local runtime: the controller on the main thread, generation instances and the learner on
-threads, the CPU backend's real model underneath. `aspc run --runtime local` (the default)."""
+"""The local runtime: the controller on the main thread, generation instances and learner-side
+executors on threads, a backend's executors underneath (the CPU backend's real model, handed in
+by the CLI). `aspc run --runtime local` (the default). On virtual time (virtual_time.py) the same
+threads run deterministically, which the differential test against the simulator relies on."""
 from __future__ import annotations
 
-import queue
 import threading
 import zlib
+from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -12,12 +14,14 @@ from typing import assert_never
 
 from aspc.controller import Controller, ControllerConfig
 from aspc.controller.events import (Action, Checkpoint, Dispatch, Finished, InstanceIdle, OptimizerStep,
-                                    RestartInstance, RunWork, Start, SyncWeights, WeightsPublished)
+                                    PublishWeights, RestartInstance, RunWork, Start, SwitchPool, SyncWeights,
+                                    WeightsPublished, WorkFinished)
 from aspc.plan.execution_plan import ExecutionPlan
 from aspc.drivers.local.metrics_file import MetricsFile, interrupts_held
 from aspc.roles import ExecutorsFactory
 from aspc.drivers.local.threads import threads_per_worker
-from aspc.drivers.local.workers import Clock, GenerationWorker, LearnerWorker, WorkerFailed
+from aspc.drivers.local.virtual_time import RealTime
+from aspc.drivers.local.workers import ExecutorWorker, GenerationWorker, WorkerFailed, trainer_runners
 
 
 @dataclass
@@ -43,21 +47,24 @@ class RunResult:
 
 
 class LocalRuntime:
-    def __init__(self, plan: ExecutionPlan, base_dir: Path | None, options: RunOptions, executors: ExecutorsFactory):
+    def __init__(self, plan: ExecutionPlan, base_dir: Path | None, options: RunOptions, executors: ExecutorsFactory,
+                 clock=None):
         """`executors`: the backend's factory (the CPU backend's CpuExecutors); building it reads
-        the data file, so a user's data error is raised here."""
+        the data file, so a user's data error is raised here. `clock`: RealTime (the default) or
+        a VirtualTime that the executors also sleep on."""
         self.plan, self.options = plan, options
         every = options.checkpoint_every if options.checkpoint_dir is not None else 0
         self.config = ControllerConfig.from_plan(plan, options.steps, every)
         self.gen_stage, self.train_stage = plan.stages_of("generate")[0], plan.stages_of("train")[0]
         self.data = plan.dataset(self.gen_stage.data)
         self.executors = executors(plan, base_dir, options.seed)
-        self.events: queue.Queue = queue.Queue()
+        self.clock = clock or RealTime()
+        self.events = self.clock.queue()
+        self.internal: deque = deque()  # events of host work done on this thread, handled first
         self.results: dict = {}
         self.lock = threading.Lock()
         self.weights: dict[int, dict] = {}
         self.step_metrics: dict[int, dict] = {}
-        self.clock = Clock()
         self.warmstart_s = 0.0
         self.resume_notes: list[str] = []  # what resuming chose and skipped, for the user
         self.resumed = None  # the checkpoint folder a resumed run continues from
@@ -72,7 +79,7 @@ class LocalRuntime:
         return self.executors.prompt(step * self.data.prompts_per_step + prompt)
 
     def build(self) -> None:
-        self.threads = threads_per_worker(self.config.instances + 1, self.options.threads)
+        self.threads = threads_per_worker(self.config.instances + len(self.config.executors), self.options.threads)
         resume_from = self._resume_point()
         if self.options.warmstart_steps and resume_from is None:
             self._warm_start()
@@ -80,13 +87,12 @@ class LocalRuntime:
         self.learner = self.executors.trainer()
         self.start_version = self._load(resume_from) if resume_from else 0
         self.weights[self.start_version] = self.executors.snapshot()
-        saver = self._save if self.options.checkpoint_dir else None
-        self.learner_worker = LearnerWorker(self.learner, self._rollouts, self.weights, self.step_metrics,
-                                            self.events, self.clock, saver)
+        self.exec_workers = [self._executor_worker(spec) for spec in self.config.executors]
+        self.learner_worker = next(w for w in self.exec_workers if w.learner is not None)
         self.learner_worker.completed = self.learner_worker.saved = self.start_version
         self.gen_workers = []
         for i in range(self.config.instances):
-            engine = self.executors.generation_engine(self.config.instances)
+            engine = self.executors.generation_engine(i, self.config.instances)
             self.gen_workers.append(GenerationWorker(i, engine, self.weights, self.results, self.lock,
                                                      self.events, self.clock))
         self.slots = self.gen_workers[0].generator.slots
@@ -94,6 +100,24 @@ class LocalRuntime:
                                      self.start_version)
         self.metrics_file = MetricsFile(self.options.metrics_path, self.start_version if resume_from else None)
         self.notes = [note for note in [self.metrics_file.open()] if note]  # built: now the file may change
+
+    def _executor_worker(self, spec) -> ExecutorWorker:
+        """The thread of one learner-side executor: the trainer's (named "learner") or a forward
+        model's; each stage it hosts runs through the role the stage-kind table names."""
+        kinds = {s.name: s.kind for s in self.plan.stages}
+        roles = {s.name: s.role for s in self.config.forward_stages}
+        hosted = dict(spec.hosts)  # stage -> one instance index of it on these devices
+        if self.config.train_stage not in hosted:
+            runners = {stage: self.executors.forward_model(stage, index).score for stage, index in hosted.items()}
+            return ExecutorWorker(spec.name, runners, self._rollouts, self.events, self.clock)
+        saver = self._save if self.options.checkpoint_dir else None
+        worker = ExecutorWorker("learner", {}, self._rollouts, self.events, self.clock, self.learner, self.weights,
+                                self.step_metrics, saver, self.executors.switch_pool)
+        trained = {stage: kinds[stage] for stage in hosted if roles.get(stage) != "forward_model"}
+        worker.runners = trainer_runners(worker, trained)
+        worker.runners.update({stage: self.executors.forward_model(stage, hosted[stage]).score
+                               for stage in hosted if roles.get(stage) == "forward_model"})
+        return worker
 
     def _warm_start(self) -> None:
         """Before the workers exist the main thread may use every core it is given."""
@@ -191,8 +215,9 @@ class LocalRuntime:
         self.clock.reset()
         if self.complete:
             return result
-        for worker in [self.learner_worker, *self.gen_workers]:
+        for worker in self._workers():
             worker.setup = partial(self.executors.set_threads, self.threads)
+            self.clock.expect(worker.name)
             worker.start()
         try:
             self._handle(Start())
@@ -208,7 +233,7 @@ class LocalRuntime:
 
     def _loop(self) -> None:
         while not self.controller.finished:
-            event = self.events.get()
+            event = self.internal.popleft() if self.internal else self.events.get()
             if isinstance(event, tuple) and event[0] == "error":
                 _, name, error, _trace = event
                 raise WorkerFailed(f"{name}: {type(error).__name__}: {error}")
@@ -244,10 +269,17 @@ class LocalRuntime:
             case Dispatch():
                 payload = [(r.sample, self._prompt(*r.sample[:2]).ids, self._seed(r.sample)) for r in action.requests]
                 self.gen_workers[action.instance].inbox.put(("requests", payload))
+            case RunWork() if action.executor is None:  # a rule or python reward: here, at once
+                self.learner_worker.learner.reward(self._rollouts(sorted(action.work.samples)))
+                self.internal.append(WorkFinished(action.work.id))
             case RunWork():
-                self.learner_worker.inbox.put(("work", action.work))
+                self.exec_workers[action.executor].inbox.put(("work", action.work))
             case OptimizerStep():
                 self.learner_worker.inbox.put(("optimizer", action.step))
+            case PublishWeights():
+                self.learner_worker.inbox.put(("publish", action.version))
+            case SwitchPool():
+                self.learner_worker.inbox.put(("switch", (action.pool, action.mode)))
             case SyncWeights():
                 self.gen_workers[action.instance].inbox.put(("sync", action.version))
             case Checkpoint():
@@ -264,7 +296,10 @@ class LocalRuntime:
 
     def spans(self) -> list:
         """The spans the workers recorded so far (a copy: they keep appending)."""
-        return [s for w in [self.learner_worker, *self.gen_workers] for s in list(w.spans)]
+        return [s for w in self._workers() for s in list(w.spans)]
+
+    def _workers(self) -> list:
+        return [*self.exec_workers, *self.gen_workers]
 
     def stop_workers(self) -> None:
         if hasattr(self, "learner_worker"):
@@ -275,11 +310,12 @@ class LocalRuntime:
         checkpoint); otherwise (an interruption) it stops after the message at hand. Once."""
         if self.stopped:
             return
-        workers = [self.learner_worker, *self.gen_workers]
+        workers = self._workers()
         for worker in workers:
             if not drain:
                 worker.stopping.set()
             worker.inbox.put(("stop", None))
+        self.clock.leave()  # on virtual time the workers now run to their end without this thread
         for worker in workers:
             if worker.is_alive():
                 worker.join(timeout=120 if worker is self.learner_worker else 10)

@@ -1,15 +1,16 @@
-"""The threads of the local runtime: one per generation instance, one for the learner. Each reads
-its inbox, does the work on the CPU backend and posts events for the controller."""
+"""The threads of the local runtime: one per generation instance and one per learner-side
+executor (the trainer's devices; a reward model's instances). Each reads its inbox, does what
+the controller asked through the executor roles (aspc/roles.py) and posts the events that say
+it is done. Workers decide nothing: the order of everything they do is the controller's."""
 from __future__ import annotations
 
 import queue
 import threading
-import time
 import traceback
 
-from aspc.controller.events import (InstanceFailed, InstanceRecovered, SampleFinished, WeightsLoaded,
-                                    WeightsPublished, WorkFinished)
 from aspc.accounting.trace import Span
+from aspc.controller.events import (InstanceFailed, InstanceRecovered, OptimizerDone, PoolSwitched, SampleFinished,
+                                    WeightsLoaded, WeightsPublished, WorkFinished)
 
 
 class WorkerFailed(Exception):
@@ -18,8 +19,10 @@ class WorkerFailed(Exception):
 
 class Worker(threading.Thread):
     def __init__(self, name: str, events: queue.Queue, clock):
+        """`clock`: the run's time (virtual_time.RealTime, or VirtualTime for a deterministic run),
+        which also makes the inbox."""
         super().__init__(name=name, daemon=True)
-        self.inbox: queue.Queue = queue.Queue()
+        self.inbox = clock.queue()
         self.events, self.clock = events, clock
         self.spans: list[Span] = []
         self.stopping = threading.Event()
@@ -33,6 +36,8 @@ class Worker(threading.Thread):
             self.loop()
         except Exception as error:  # reported to the main loop, which ends the run cleanly
             self.events.put(("error", self.name, error, traceback.format_exc()))
+        finally:
+            self.clock.leave()
 
     def span(self, start: float, category: str, label: str) -> None:
         self.spans.append(Span(self.name, start, self.clock(), category, label))
@@ -49,9 +54,8 @@ class GenerationWorker(Worker):
 
     def loop(self) -> None:
         while not self.stopping.is_set():
-            try:
-                message = self.inbox.get(timeout=None if self.generator.busy else 0.05) \
-                    if not self.generator.busy else self.inbox.get_nowait()
+            try:  # busy: take what came in between two decode steps; idle: wait for work
+                message = self.inbox.get_nowait() if self.generator.busy else self.inbox.get()
             except queue.Empty:
                 message = None
             if message is not None:
@@ -91,15 +95,22 @@ class GenerationWorker(Worker):
             self.stopping.set()
 
 
-class LearnerWorker(Worker):
-    """Runs learner work in order; after each optimizer step it publishes the new weights. A
-    ("checkpoint", version) message writes a checkpoint (`checkpoint(version)`): the controller
-    asks for it after the step's metrics are recorded, and nothing changes the weights between."""
+class ExecutorWorker(Worker):
+    """One learner-side executor: runs learner work in the order the controller hands it out.
 
-    def __init__(self, learner, rollouts, weights: dict, metrics: dict, events, clock, checkpoint=None):
-        super().__init__("learner", events, clock)
-        self.learner, self.rollouts, self.weights, self.metrics = learner, rollouts, weights, metrics
-        self.checkpoint = checkpoint
+    `runners[stage]` runs a stage's streamed unit (the trainer's reference, critic and train
+    passes; a forward model's scoring). The trainer's executor (`trainer` given) also runs the
+    optimizer step, publishes the new weights, switches a time-shared pool and writes
+    checkpoints: a ("checkpoint", version) message writes one (`checkpoint(version)`) — the
+    controller asks for it after the step's metrics are recorded, and nothing changes the
+    weights between."""
+
+    def __init__(self, name: str, runners: dict, rollouts, events, clock, trainer=None, weights=None,
+                 metrics=None, checkpoint=None, switch=None):
+        super().__init__(name, events, clock)
+        self.runners, self.rollouts = runners, rollouts
+        self.learner, self.weights, self.metrics = trainer, weights, metrics
+        self.checkpoint, self.switch = checkpoint, switch
         self.trained: dict[int, list] = {}  # step -> sample ids trained in it
         self.completed = None  # the last version published
         self.saved = None  # the last version checkpointed
@@ -113,18 +124,25 @@ class LearnerWorker(Worker):
             if kind == "checkpoint":
                 self.save(payload)
             elif kind == "work":
-                getattr(self.learner, _METHODS[payload.kind])(self.rollouts(sorted(payload.samples)))
+                self.runners[payload.stage](self.rollouts(sorted(payload.samples)))
                 if payload.kind == "train":
                     self.trained.setdefault(payload.step, []).extend(payload.samples)
                 self.span(start, "useful", f"{payload.kind} step {payload.step}")
                 self.events.put(WorkFinished(payload.id))
-            else:  # optimizer step: publish version step + 1
+            elif kind == "optimizer":
                 self.metrics[payload] = self.learner.optimizer_step()
                 self.metrics[payload]["trained"] = sorted(self.trained.pop(payload, []))
-                self.weights[payload + 1] = self.learner.snapshot()
-                self.completed = payload + 1
                 self.span(start, "useful", f"optimizer step {payload}")
-                self.events.put(WeightsPublished(payload + 1))
+                self.events.put(OptimizerDone(payload))
+            elif kind == "publish":
+                self.weights[payload] = self.learner.snapshot()
+                self.completed = payload
+                self.span(start, "sync", f"publish v{payload}")
+                self.events.put(WeightsPublished(payload))
+            else:  # ("switch", (pool, mode)): the time-shared pool changes hands
+                self.switch(*payload)
+                self.span(start, "sync", f"switch to {payload[1]}")
+                self.events.put(PoolSwitched(*payload))
 
     def save(self, version: int) -> None:
         if self.checkpoint is None:
@@ -134,18 +152,9 @@ class LearnerWorker(Worker):
         self.saved = version
 
 
-_METHODS = {"reward": "reward", "reference": "reference", "critic": "values", "train": "train"}
-
-
-class Clock:
-    """Seconds since the clock was started or last reset (the RL phase starts at a reset)."""
-
-    def __init__(self):
-        self.origin = time.perf_counter()
-
-    def __call__(self) -> float:
-        return time.perf_counter() - self.origin
-
-    def reset(self) -> None:
-        self.origin = time.perf_counter()
-
+def trainer_runners(worker: ExecutorWorker, stages: dict[str, str]) -> dict:
+    """The trainer's passes for each stage it hosts (`stages`: name -> kind), looked up on the
+    worker's current trainer (the Ray runtime swaps in a remote one)."""
+    method = {"reward": "reward", "reference": "reference", "critic": "values", "train": "train"}
+    return {name: (lambda rollouts, m=method[kind]: getattr(worker.learner, m)(rollouts))
+            for name, kind in stages.items()}

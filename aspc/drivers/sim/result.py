@@ -98,19 +98,23 @@ def _account_instances(sim: Simulation, wall: float) -> None:
 
 
 def _account_learners(sim: Simulation, wall: float) -> None:
+    """Learner-side executors (reward model, reference, critic, trainer): idle while finished
+    samples are held back is a sorting bubble; the rest of their idle time stays idle."""
     held = [(a, min(b, wall)) for a, b in step_function_positive(sim.held)]
-    for pool, learner in sim.learners.items():
-        owned = _mode_intervals(sim, pool, ("learn",)) if learner.shared else [(0.0, wall)]
-        busy = sim.learner_busy.get(pool, [])
+    for ex in sim.executors:
+        spec = ex.spec
+        owned = _mode_intervals(sim, spec.pool, ("learn",)) if spec.time_shared else [(0.0, wall)]
         for owned_start, owned_end in owned:
-            for gap in gaps(busy, owned_start, owned_end):
+            for gap in gaps(ex.busy, owned_start, owned_end):
                 waiting, _ = split_by(gap, merge(held))
                 for a, b in waiting:
-                    sim.ledger.span(pool, a, b, "sorting", "idle: samples held back", learner.devices)
+                    sim.ledger.span(spec.name, a, b, "sorting", "idle: samples held back", ex.devices)
 
 
-def simulate(plan, steps: int = 20, progress=None, calibration=None) -> SimResult:
-    sim = Simulation(plan, steps, progress, calibration)
+def simulate(plan, steps: int, pricing, progress=None) -> SimResult:
+    """Run the plan for `steps` on the simulator with `pricing` (the sim backend's
+    RooflinePricing, or a calibrated or fake one) and collect what it reports."""
+    sim = Simulation(plan, steps, pricing, progress)
     sim.run()
     return collect(sim)
 

@@ -1,0 +1,82 @@
+"""The learner side's executors in the controller: every forward stage on devices (a reward
+model, reference, critic) and the trainer run on executors (config.executors: devices that do
+one thing at a time). Each executor takes ready items from one queue in the order they became
+ready, and the controller starts an item only on a free executor — so the order of learner
+work, the optimizer step and the weight publish are the controller's decisions, and every driver
+carries out the same sequence.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from aspc.controller.events import OptimizerStep, PublishWeights, RunWork, Work
+
+
+@dataclass(frozen=True)
+class Item:
+    what: str  # "work" | "optimizer" | "publish"
+    work: Work | None = None
+    step: int = 0  # the optimizer step, or the version published
+
+    def action(self, executor: int):
+        if self.what == "work":
+            return RunWork(self.work, executor)
+        if self.what == "optimizer":
+            return OptimizerStep(self.step)
+        return PublishWeights(self.step)
+
+
+class DeviceWork:
+    def __init__(self, config):
+        self.config = config
+        self.trainer = config.executor_of(config.train_stage)
+        self.hosted = [{stage for stage, _ in e.hosts} for e in config.executors]
+        self.queue: deque[Item] = deque()
+        self.running: list[Item | None] = [None] * len(config.executors)
+        self.where: dict[int, int] = {}  # work id -> the executor running it
+
+    def submit(self, item: Item, first: bool = False) -> None:
+        if first:
+            self.queue.appendleft(item)
+        else:
+            self.queue.append(item)
+
+    def may_run(self, item: Item, k: int) -> bool:
+        return k == self.trainer if item.what != "work" else item.work.stage in self.hosted[k]
+
+    def start(self, may_start) -> list:
+        """Start the first ready item each free executor may run (`may_start(k)`: its devices are
+        its own now, not generation's)."""
+        actions = []
+        for k, current in enumerate(self.running):
+            if current is not None or not may_start(k):
+                continue
+            position = next((i for i, item in enumerate(self.queue) if self.may_run(item, k)), None)
+            if position is None:
+                continue
+            item = self.queue[position]
+            del self.queue[position]
+            self.running[k] = item
+            if item.work is not None:
+                self.where[item.work.id] = k
+            actions.append(item.action(k))
+        return actions
+
+    def work_done(self, work_id: int) -> None:
+        k = self.where.pop(work_id, None)
+        if k is not None:
+            self.running[k] = None
+
+    def trainer_done(self, what: str) -> None:
+        """The trainer's executor finished its optimizer step or its publish."""
+        current = self.running[self.trainer]
+        assert current is not None and current.what == what, f"{what} finished, but the trainer ran {current}"
+        self.running[self.trainer] = None
+
+    def busy(self, executors: list[int]) -> bool:
+        return any(self.running[k] is not None for k in executors)
+
+    def waiting_for(self, executors: list[int]) -> bool:
+        """Whether a queued item could run on one of these executors."""
+        return any(self.may_run(item, k) for item in self.queue for k in executors)
