@@ -1,8 +1,9 @@
 """The simulator predicts the runtime: the same plan through the sim driver and the local
 driver (its threads on virtual time), both over executors of known, deterministic durations
-(tests/timed_fakes.py), makes the controller see the same events and take the same actions —
-the same dispatches, the same order of unit completions, the same weight versions. So every
-scheduling decision is the controller's, and neither driver adds or drops one."""
+(tests/timed_fakes.py), makes the controller see the same events at the same instants and take
+the same actions — the same dispatches, the same order of unit completions, the same weight
+versions, the same pool switches. So every scheduling decision is the controller's, and neither
+driver adds, drops, delays or reorders one."""
 import pytest
 
 from aspc.controller.core import Controller
@@ -36,29 +37,37 @@ def _plan(tmp_path, name: str, schedule: str):
     return compile_with_passes(path, [], schedule).plan()
 
 
+class Trace(list):
+    """Every (instant, event, actions) the controller handles, in order; `now` reads the clock of
+    the driver that runs."""
+
+    now = None
+
+
 @pytest.fixture
 def recorded(monkeypatch):
-    """Every (event, actions) the controller handles, in order."""
-    trace: list = []
+    trace = Trace()
     handle = Controller.handle
 
     def recording(self, event):
         actions = handle(self, event)
-        trace.append((event, tuple(actions)))
+        trace.append((trace.now(), event, tuple(actions)))
         return actions
 
     monkeypatch.setattr(Controller, "handle", recording)
     return trace
 
 
-def simulated(plan) -> list:
+def simulated(plan, trace: Trace):
     sim = Simulation(plan, STEPS, FakePricing(plan))
+    trace.now = lambda: sim.now
     sim.run()
     return sim
 
 
-def local(plan):
+def local(plan, trace: Trace):
     clock = VirtualTime()
+    trace.now = clock
     runtime = LocalRuntime(plan, None, RunOptions(steps=STEPS, warmstart_steps=0),
                            lambda plan, base_dir, seed: FakeExecutors(clock, plan), clock=clock)
     runtime.build()
@@ -67,10 +76,10 @@ def local(plan):
 
 
 def both(plan, recorded) -> tuple[list, list]:
-    simulated(plan)
+    simulated(plan, recorded)
     sim_trace = list(recorded)
     recorded.clear()
-    local(plan)
+    local(plan, recorded)
     return sim_trace, list(recorded)
 
 
@@ -87,26 +96,26 @@ def test_sim_and_local_drivers_take_the_same_actions(tmp_path, recorded, name, s
     plan = _plan(tmp_path, name, schedule)
     sim_trace, local_trace = both(plan, recorded)
     assert sim_trace == local_trace, first_difference(sim_trace, local_trace)
-    kinds = {type(a).__name__ for _, actions in sim_trace for a in actions}
+    kinds = {type(a).__name__ for _, _, actions in sim_trace for a in actions}
     assert {"Dispatch", "RunWork", "OptimizerStep", "PublishWeights", "SyncWeights", "Finished"} <= kinds
     if name == "time_shared":
         assert "SwitchPool" in kinds
     if name == "reward_model" and schedule == "asp":  # streamed units: both judges instances score them
-        executors = {a.executor for _, actions in sim_trace for a in actions
+        executors = {a.executor for _, _, actions in sim_trace for a in actions
                      if type(a).__name__ == "RunWork" and a.work.kind == "reward"}
         assert len(executors) == 2
 
 
 def test_a_driver_that_deviates_is_caught(tmp_path, recorded, monkeypatch):
-    """The comparison has teeth: a local driver that loads weights a little slower than the
-    simulator prices it (one decode step's worth) no longer takes the same actions."""
+    """The comparison has teeth: a local driver whose weight loads take a sixteenth of a second
+    longer than the simulator prices them no longer matches it."""
     import timed_fakes
 
     plan = _plan(tmp_path, "disaggregated", "asp")
-    simulated(plan)
+    simulated(plan, recorded)
     sim_trace = list(recorded)
     recorded.clear()
     monkeypatch.setattr(timed_fakes.FakeEngine, "load_weights",
-                        lambda self, state: self.time.sleep(timed_fakes.LOAD + 1.0))
-    local(plan)
+                        lambda self, state: self.time.sleep(timed_fakes.LOAD + 2 ** -4))
+    local(plan, recorded)
     assert sim_trace != list(recorded)
