@@ -27,10 +27,11 @@ def row(name: str) -> str:
     lengths = [s.tokens for step in HELD_OUT_STEPS for s in sample_step(data, step)]
     longest = data.max_prompt + data.max_response
     ranks = train.parallel.dp
-    buckets = train.option("buckets")
-    report = padding_report(lengths, train.option("pack_tokens"), longest, buckets, ranks)
+    shape = train.micro_batching
+    buckets = shape.buckets
+    report = padding_report(lengths, shape.tokens, longest, buckets, ranks)
     mean = sum(lengths) / len(lengths)
-    return (f"| {name} | {len(lengths)} | {mean:.0f} / {longest} | {train.option('pack_tokens')} | {ranks} | "
+    return (f"| {name} | {len(lengths)} | {mean:.0f} / {longest} | {shape.tokens} | {ranks} | "
             f"{', '.join(map(str, buckets))} | {report.pad_to_max:.1%} | {report.pad_to_longest:.1%} | "
             f"{report.packed_buckets:.1%} |")
 

@@ -9,9 +9,9 @@ holds at most (k+1) steps of samples. k = 0 keeps on-policy semantics exactly.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from aspc.ir.graph import Stage, StageGraph, StageKind
+from aspc.ir.graph import ChannelSpec, Stage, StageGraph, StageKind
 from aspc.passes.base import Pass, PassError
 from aspc.passes.rewrite import ensure_weight_syncs, interpose, responses_producers
 
@@ -34,7 +34,7 @@ class AsyncDecouple(Pass):
         for producer in producers:
             stages, flows = self._channel(graph, producer, stages, flows)
         stages, flows = ensure_weight_syncs(graph, stages, flows)
-        stages = [s.with_options(mode="async", staleness=self.staleness)
+        stages = [s.with_results(weight_sync=replace(s.weight_sync, mode="async", staleness=self.staleness))
                   if s.kind is StageKind.WEIGHT_SYNC else s for s in stages]
         return graph.rebuilt(stages, flows)
 
@@ -43,9 +43,8 @@ class AsyncDecouple(Pass):
         per_step = data.samples_per_step if data else 1
         node = f"{producer.name}.channel"
         consumers = [c.name for c in graph.consumers(producer.name)]
-        channel = Stage(node, StageKind.CHANNEL, options=(
-            ("capacity", (self.staleness + 1) * per_step), ("samples_per_step", per_step),
-            ("staleness", self.staleness)))
+        channel = Stage(node, StageKind.CHANNEL,
+                        channel=ChannelSpec((self.staleness + 1) * per_step, per_step, self.staleness))
         return stages + [channel], interpose(flows, producer.name, consumers, node)
 
 

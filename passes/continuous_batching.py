@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aspc.ir.graph import StageGraph, StageKind
+from aspc.ir.graph import Batching, StageGraph, StageKind
 from aspc.passes.base import Pass
 
 
@@ -17,6 +17,6 @@ class ContinuousBatching(Pass):
     bubble = "padding"
 
     def apply(self, graph: StageGraph) -> StageGraph:
-        stages = [s.with_options(batching="continuous") if s.kind is StageKind.GENERATE else s
+        stages = [s.with_results(batching=Batching("continuous")) if s.kind is StageKind.GENERATE else s
                   for s in graph.stages()]
         return graph.rebuilt(stages, graph.flows())

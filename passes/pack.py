@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from aspc.ir.graph import Stage, StageGraph, StageKind
+from aspc.ir.graph import MicroBatchShape, Stage, StageGraph, StageKind
 from aspc.costmodel.workload import sample_step
 from aspc.passes.base import Pass, PassError
 from aspc.algorithms.packing import choose_buckets, micro_batches, padding_report
@@ -49,18 +49,18 @@ class Pack(Pass):
             raise PassError(f"tokens={tokens} cannot hold one sequence of {longest} tokens "
                             f"(max_prompt + max_response) for stage '{stage.name}'")
         lengths = [[s.tokens for s in sample_step(d, step)] for d in data for step in range(_steps(d))]
-        micro = stage.option("stream_micro")
+        micro = stage.streaming.micro if stage.streaming else None
         if micro:  # streamed: a micro-batch packs one unit of `micro` samples, not a whole step
             lengths = [step[i:i + micro] for step in lengths for i in range(0, len(step), micro)]
         ranks = stage.parallel.dp  # context parallelism splits sequences, it adds no ranks
         fills = [sum(mb) for step in lengths for rank in micro_batches(step, tokens, ranks) for mb in rank]
         buckets = choose_buckets(fills, self.buckets, tokens, self.align) if self.buckets else ()
-        options = {"pack_tokens": tokens, "buckets": buckets, "balance": "karmarkar_karp",
-                   "padding": "buckets" if buckets else "none"}
+        fraction = None
         if buckets:
             report = padding_report([x for step in lengths for x in step], tokens, longest, buckets, ranks)
-            options["padding_fraction"] = round(report.packed_buckets, 4)
-        return stage.with_options(**options)
+            fraction = round(report.packed_buckets, 4)
+        shape = MicroBatchShape(tokens, tuple(buckets), "karmarkar_karp", "buckets" if buckets else "none", fraction)
+        return stage.with_results(micro_batching=shape)
 
 
 def _steps(data) -> int:

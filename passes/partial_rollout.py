@@ -7,9 +7,9 @@ v..v+j stays usable while the train step's u - v <= k; a sample is cut at most `
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from aspc.ir.graph import StageGraph, StageKind
+from aspc.ir.graph import PartialRollout as Split, StageGraph, StageKind
 from aspc.passes.base import Pass, PassError
 
 
@@ -26,15 +26,15 @@ class PartialRollout(Pass):
         syncs = graph.stages_of(StageKind.WEIGHT_SYNC)
         if not graph.stages_of(StageKind.CHANNEL) or not syncs:
             raise PassError("needs async-decouple first (a bounded channel and weight syncs)")
-        staleness = min(s.option("staleness") for s in syncs)
+        staleness = min(s.weight_sync.staleness for s in syncs)
         if staleness < 1:
             raise PassError("needs staleness >= 1: with staleness 0 every token of a sample must "
                             "come from one policy version")
         stages = []
         for s in graph.stages():
             if s.kind is StageKind.GENERATE:
-                s = s.with_options(partial_rollout=self.max_split)
+                s = s.with_results(partial_rollout=Split(self.max_split))
             elif s.kind is StageKind.WEIGHT_SYNC:
-                s = s.with_options(interrupt=True)
+                s = s.with_results(weight_sync=replace(s.weight_sync, interrupt=True))
             stages.append(s)
         return graph.rebuilt(stages, graph.flows())

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aspc.ir.facts import DTYPE_BYTES
-from aspc.ir.graph import Stage, StageGraph, StageKind
+from aspc.ir.graph import Placement, Stage, StageGraph, StageKind, WeightTransfer
 from aspc.passes.base import Pass
 from aspc.passes.rewrite import ensure_weight_syncs
 
@@ -44,8 +44,8 @@ def _place_pool(graph: StageGraph, stages: list[Stage]) -> list[Stage]:
         for s in stages:
             offsets.append(offset)
             offset += s.devices
-        return [s.with_options(placement="dedicated", device_offset=o) for s, o in zip(stages, offsets)]
-    return [s.with_options(placement="time_shared", device_offset=0) for s in stages]
+        return [s.with_results(placement=Placement("dedicated", o)) for s, o in zip(stages, offsets)]
+    return [s.with_results(placement=Placement("time_shared", 0)) for s in stages]
 
 
 def _annotate_sync(graph: StageGraph, sync: Stage, stages: dict[str, Stage], flows) -> Stage:
@@ -53,9 +53,8 @@ def _annotate_sync(graph: StageGraph, sync: Stage, stages: dict[str, Stage], flo
     gen = stages[next(f.dst for f in flows if f.src == sync.name)]
     model = graph.models[train.model]
     nbytes = model.arch.total_params() * DTYPE_BYTES[model.dtype]
-    return sync.with_options(
-        bytes=nbytes, src_layout=_layout(train), dst_layout=_layout(gen),
-        reshard=_layout(train) != _layout(gen), transfer=_transfer(train, gen))
+    return sync.with_results(weight_transfer=WeightTransfer(
+        nbytes, _layout(train), _layout(gen), _layout(train) != _layout(gen), _transfer(train, gen)))
 
 
 def _layout(stage: Stage) -> str:
@@ -67,6 +66,6 @@ def _transfer(train: Stage, gen: Stage) -> str:
     """offload_onload when they share devices (colocated), else a copy over the interconnect."""
     if train.pool != gen.pool:
         return "link"
-    a = range(train.option("device_offset"), train.option("device_offset") + train.devices)
-    b = range(gen.option("device_offset"), gen.option("device_offset") + gen.devices)
+    a = range(train.placement.device_offset, train.placement.device_offset + train.devices)
+    b = range(gen.placement.device_offset, gen.placement.device_offset + gen.devices)
     return "offload_onload" if set(a) & set(b) else "link"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aspc.ir.graph import PROMPTS, Flow, Stage, StageGraph, StageKind
+from aspc.ir.graph import PROMPTS, DispatchSpec, Flow, Stage, StageGraph, StageKind
 from aspc.passes.base import Pass, PassError
 from aspc.passes.rewrite import interpose
 
@@ -39,9 +39,8 @@ class QueueAwareDispatch(Pass):
             if stage.kind not in _DISPATCHED or stage.instances < 2:
                 continue
             node = f"{stage.name}.dispatch"
-            stages.append(Stage(node, StageKind.DISPATCH, options=(
-                ("group_affinity", self.group_affinity), ("instances", stage.instances),
-                ("policy", self.policy), ("target", stage.name))))
+            stages.append(Stage(node, StageKind.DISPATCH, dispatch=DispatchSpec(
+                stage.name, self.policy, self.group_affinity, stage.instances)))
             if stage.kind is StageKind.GENERATE:
                 flows.append(Flow(node, stage.name, (PROMPTS,)))
             else:

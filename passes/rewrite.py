@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from aspc.ir.graph import WEIGHTS, Flow, Stage, StageGraph, StageKind
+from aspc.ir.graph import WEIGHTS, Flow, Stage, StageGraph, StageKind, WeightSyncSpec
 
 
 def interpose(flows: list[Flow], src: str, dsts: list[str], node: str) -> list[Flow]:
@@ -49,15 +49,10 @@ def ensure_weight_syncs(graph: StageGraph, stages: list[Stage], flows: list[Flow
             if gen.model != train.model or node in names:
                 continue
             stages.append(Stage(node, StageKind.WEIGHT_SYNC, model=train.model,
-                                options=(("mode", "sync"), ("staleness", 0))))
+                                weight_sync=WeightSyncSpec("sync", 0)))
             flows += [Flow(train.name, node, (WEIGHTS,)), Flow(node, gen.name, (WEIGHTS,))]
             names.add(node)
     return stages, flows
-
-
-def set_options(stages: list[Stage], names, **options) -> list[Stage]:
-    """Stages named in `names` get these options added or replaced."""
-    return [s.with_options(**options) if s.name in names else s for s in stages]
 
 
 def replace_stage(stages: list[Stage], name: str, **changes) -> list[Stage]:

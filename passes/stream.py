@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aspc.ir.graph import StageGraph, StageKind
+from aspc.ir.graph import StageGraph, StageKind, Streaming
 from aspc.passes.base import Pass, PassError
 
 CONSUMERS = (StageKind.REWARD, StageKind.REFERENCE, StageKind.CRITIC, StageKind.ADVANTAGE,
@@ -32,7 +32,7 @@ class Stream(Pass):
             raise PassError(f"micro must be >= 1, got {self.micro}")
         self._check_groups(graph)
         colocated = _colocated_with_generation(graph)
-        stages = [s.with_options(stream_micro=self.micro) if s.kind in CONSUMERS and s.name not in colocated
+        stages = [s.with_results(streaming=Streaming(self.micro)) if s.kind in CONSUMERS and s.name not in colocated
                   else s for s in graph.stages()]
         return graph.rebuilt(stages, graph.flows())
 
@@ -50,4 +50,4 @@ def _colocated_with_generation(graph: StageGraph) -> set[str]:
     """Stages placed time-shared on a pool where generation runs too."""
     gen_pools = {g.pool for g in graph.stages_of(StageKind.GENERATE)}
     return {s.name for s in graph.stages()
-            if s.pool in gen_pools and s.option("placement") == "time_shared"}
+            if s.pool in gen_pools and s.placement is not None and s.placement.kind == "time_shared"}

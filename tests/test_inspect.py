@@ -36,7 +36,7 @@ def test_inspect_with_graphviz_writes_svg_and_png(aspc, tmp_path):
 def test_emit_after_stops_after_that_pass(aspc):
     out = aspc("compile", "pipelines/tiny_grpo.aspl", "--emit-after", "async-decouple").stdout
     assert "gen.channel = CHANNEL" in out
-    assert "gen.dispatch" not in out and "pack_tokens" not in out
+    assert "gen.dispatch" not in out and "micro_batching:" not in out
 
 
 def test_emit_after_an_absent_pass_is_an_error(aspc):
@@ -138,8 +138,8 @@ def test_the_pipelines_printed_in_the_passes_doc_compile_and_keep_the_streaming_
         result = aspc("compile", source, "-p", pipeline, "--verify", "--emit", "json")
         assert result.exit_code == 0, result.output
         for line in aspc("compile", source, "-p", pipeline).stdout.splitlines():
-            if 'placement="time_shared"' in line and "GENERATE" not in line:
-                assert "stream_micro" not in line, f"{pipeline}: {line}"
-    shown = [line for line in doc.splitlines() if line.startswith("stage ") and "stream_micro" in line]
-    assert shown and all('placement="time_shared"' not in line for line in shown)
+            if "placement: time_shared" in line and "GENERATE" not in line:
+                assert "streaming:" not in line, f"{pipeline}: {line}"
+    shown = [line for line in doc.splitlines() if line.startswith("stage ") and "streaming:" in line]
+    assert shown and all("placement: time_shared" not in line for line in shown)
 

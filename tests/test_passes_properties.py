@@ -119,5 +119,5 @@ def test_staleness_zero_keeps_one_step_in_the_channel(text):
     compiled = run_schedule(compile_source(text, "random.aspl"), pipeline="async-decouple{staleness=0},place")
     data = next(iter(compiled.graph.data.values()))
     for channel in compiled.graph.stages_of(StageKind.CHANNEL):
-        assert channel.option("capacity") == data.samples_per_step
-    assert all(s.option("staleness") == 0 for s in compiled.graph.stages_of(StageKind.WEIGHT_SYNC))
+        assert channel.channel.capacity == data.samples_per_step
+    assert all(s.weight_sync.staleness == 0 for s in compiled.graph.stages_of(StageKind.WEIGHT_SYNC))

@@ -77,7 +77,8 @@ def test_format_error_is_a_plan_error_and_a_value_error():
 def unsound_compiled() -> Compiled:
     compiled = compile_with_passes(ROOT / "pipelines" / "tiny_grpo.aspl", [], "asp")
     channel = compiled.graph.stages_of(StageKind.CHANNEL)[0]
-    graph = compiled.graph.with_stage(channel.with_options(capacity=channel.option("capacity") + 1))
+    bigger = replace(channel.channel, capacity=channel.channel.capacity + 1)
+    graph = compiled.graph.with_stage(channel.with_results(channel=bigger))
     return replace(compiled, run=replace(compiled.run, graph=graph))
 
 

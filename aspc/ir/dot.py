@@ -38,13 +38,13 @@ _SHAPES = {"CHANNEL": "cds", "DISPATCH": "diamond", "WEIGHT_SYNC": "note"}
 
 def _detail(stage: Stage) -> str:
     """One line for a pass-inserted node: what the schedule decided there."""
-    kind = stage.kind.name
-    if kind == "CHANNEL":
-        return f"\\ncap {stage.option('capacity')}, staleness {stage.option('staleness')}"
-    if kind == "DISPATCH":
-        return f"\\n{stage.option('policy')}"
-    if kind == "WEIGHT_SYNC" and stage.option("bytes"):
-        return f"\\n{stage.option('bytes') / 1e9:.1f} GB {stage.option('mode')}, {stage.option('transfer')}"
+    if stage.channel is not None:
+        return f"\\ncap {stage.channel.capacity}, staleness {stage.channel.staleness}"
+    if stage.dispatch is not None:
+        return f"\\n{stage.dispatch.policy}"
+    moved = stage.weight_transfer
+    if stage.weight_sync is not None and moved is not None and moved.bytes:
+        return f"\\n{moved.bytes / 1e9:.1f} GB {stage.weight_sync.mode}, {moved.transfer}"
     return ""
 
 

@@ -2,14 +2,15 @@
 
 Nodes are stages; edges are dataflow carrying named fields. Pools, models and data are
 graph-level tables. Passes never read `G.nodes[n][...]`: they use the accessors here, and every
-change returns a new StageGraph.
+change returns a new StageGraph. What the passes decide about a stage is a typed record on it
+(`Stage.placement`, `micro_batching`, ...; see RESULTS), never a key among its user options.
 """
 from __future__ import annotations
 
 import enum
 import heapq
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 from collections.abc import Iterable
 
 import networkx as nx
@@ -138,6 +139,106 @@ class ScheduleSpec:
         return _span_of(self.option_spans, name)
 
 
+# ---- pass results: what the passes decide about a stage, as typed records ----
+# User-written options (what the .aspl file says, defaults filled in) stay in `Stage.options`;
+# a pass records its decision in one of the typed, optional fields below (None: not decided).
+
+PlacementKind = Literal["dedicated", "time_shared"]
+BatchingMode = Literal["continuous", "static"]
+SyncMode = Literal["sync", "async"]
+TransferRoute = Literal["link", "offload_onload"]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """`place`: the stage's instances lie on devices device_offset .. of its pool, side by side
+    with the pool's other stages (dedicated) or sharing them from device 0 (time_shared)."""
+
+    kind: PlacementKind
+    device_offset: int
+
+
+@dataclass(frozen=True)
+class Batching:
+    """`continuous-batching` on GENERATE: how an instance batches decoding (absent: static)."""
+
+    mode: BatchingMode
+
+
+@dataclass(frozen=True)
+class MicroBatchShape:
+    """`pack` on TRAIN, REFERENCE and CRITIC: micro-batches of at most `tokens`, balanced across
+    dp ranks, padded to one of `buckets` (() : dynamic shapes, padding "none")."""
+
+    tokens: int
+    buckets: tuple[int, ...]
+    balance: str
+    padding: str  # "buckets" | "none"
+    padding_fraction: float | None = None  # expected, with buckets
+
+
+@dataclass(frozen=True)
+class Streaming:
+    """`stream` on a consumer: it takes micro-batches of `micro` samples as they arrive."""
+
+    micro: int
+
+
+@dataclass(frozen=True)
+class PartialRollout:
+    """`partial-rollout` on GENERATE: a sample may be split at most `max_split` times at syncs."""
+
+    max_split: int
+
+
+@dataclass(frozen=True)
+class ChannelSpec:
+    """`async-decouple` on CHANNEL: a bounded buffer of (staleness + 1) steps of samples."""
+
+    capacity: int
+    samples_per_step: int
+    staleness: int
+
+
+@dataclass(frozen=True)
+class DispatchSpec:
+    """`queue-aware-dispatch` on DISPATCH: how work is sent to the instances of `target`."""
+
+    target: str
+    policy: str
+    group_affinity: bool
+    instances: int
+
+
+@dataclass(frozen=True)
+class WeightSyncSpec:
+    """WEIGHT_SYNC semantics: a barrier (sync) or under the staleness bound (async,
+    `async-decouple`); `interrupt`: in-flight generations pause at the sync (`partial-rollout`)."""
+
+    mode: SyncMode
+    staleness: int
+    interrupt: bool = False
+
+
+@dataclass(frozen=True)
+class WeightTransfer:
+    """`place` on WEIGHT_SYNC: the bytes to move, the train and generate layouts and the route."""
+
+    bytes: int
+    src_layout: str
+    dst_layout: str
+    reshard: bool
+    transfer: TransferRoute
+
+
+# Stage field -> its record type, in the order they print.
+RESULTS: dict[str, type] = {
+    "placement": Placement, "batching": Batching, "micro_batching": MicroBatchShape,
+    "streaming": Streaming, "partial_rollout": PartialRollout, "channel": ChannelSpec,
+    "dispatch": DispatchSpec, "weight_sync": WeightSyncSpec, "weight_transfer": WeightTransfer,
+}
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str
@@ -150,6 +251,16 @@ class Stage:
     options: tuple[tuple[str, Any], ...] = ()  # kind-specific, sorted by name, defaults filled in
     span: Span | None = _span()
     option_spans: tuple[tuple[str, Span], ...] = _option_spans()
+    # pass results (see RESULTS); None until the pass that decides them runs
+    placement: Placement | None = None
+    batching: Batching | None = None
+    micro_batching: MicroBatchShape | None = None
+    streaming: Streaming | None = None
+    partial_rollout: PartialRollout | None = None
+    channel: ChannelSpec | None = None
+    dispatch: DispatchSpec | None = None
+    weight_sync: WeightSyncSpec | None = None
+    weight_transfer: WeightTransfer | None = None
 
     def option(self, name: str, default: Any = None) -> Any:
         return dict(self.options).get(name, default)
@@ -161,9 +272,18 @@ class Stage:
     def devices(self) -> int:
         return self.instances * self.parallel.devices
 
-    def with_options(self, **changes: Any) -> Stage:
-        merged = dict(self.options) | changes
-        return replace(self, options=tuple(sorted(merged.items())))
+    def with_results(self, **results: Any) -> Stage:
+        """A copy with these pass results set (field name -> record, or None to clear)."""
+        for name, value in results.items():
+            if name not in RESULTS:
+                raise TypeError(f"{name} is not a pass result; results: {', '.join(RESULTS)}")
+            if value is not None and not isinstance(value, RESULTS[name]):
+                raise TypeError(f"{name} must be a {RESULTS[name].__name__}, got {type(value).__name__}")
+        return replace(self, **results)
+
+    def results(self) -> list[tuple[str, Any]]:
+        """The pass results this stage has, as (field, record), in RESULTS order."""
+        return [(name, getattr(self, name)) for name in RESULTS if getattr(self, name) is not None]
 
 
 @dataclass(frozen=True)

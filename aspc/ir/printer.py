@@ -1,10 +1,17 @@
-"""The canonical text form of the IR: one deterministic truth for golden tests and diffs."""
+"""The canonical text form of the IR: one deterministic truth for golden tests and diffs.
+
+A stage prints its user options in braces, then each pass result after a `|`:
+`stage update = TRAIN(actor) on learner x1 [...] {lr=1e-06, ...} | placement: time_shared @0 | ...`.
+"""
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import Any
 
 from aspc.ir.facts import ModelArch
-from aspc.ir.graph import DataSpec, ModelSpec, PoolSpec, Stage, StageGraph
+from aspc.ir.graph import (Batching, ChannelSpec, DataSpec, DispatchSpec, MicroBatchShape, ModelSpec,
+                           PartialRollout, Placement, PoolSpec, Stage, StageGraph, Streaming, WeightSyncSpec,
+                           WeightTransfer)
 from aspc.ir.values import format_value
 
 _ARCH_DEFAULTS = ModelArch(1, 1, 1, 1, 1, 1, 1)
@@ -67,4 +74,30 @@ def _stage(stage: Stage) -> str:
     placement = ""
     if stage.pool is not None:
         placement = f" on {stage.pool} x{stage.instances} [{stage.parallel}]"
-    return f"stage {stage.name} = {stage.kind.name}{inputs}{placement}{_options(stage.options)}"
+    results = "".join(f" | {name}: {_result(record)}" for name, record in stage.results())
+    return f"stage {stage.name} = {stage.kind.name}{inputs}{placement}{_options(stage.options)}{results}"
+
+
+def _result(record: Any) -> str:
+    """One pass result, readably: `time_shared @0`, `tokens=8192 buckets=[...] ...`."""
+    match record:
+        case Placement(kind, offset):
+            return f"{kind} @{offset}"
+        case Batching(mode):
+            return mode
+        case MicroBatchShape(tokens, buckets, balance, padding, fraction):
+            text = f"tokens={tokens} buckets={format_value(buckets)} balance={balance} padding={padding}"
+            return text + (f" padding_fraction={fraction}" if fraction is not None else "")
+        case Streaming(micro):
+            return f"micro={micro}"
+        case PartialRollout(max_split):
+            return f"max_split={max_split}"
+        case ChannelSpec(capacity, per_step, staleness):
+            return f"capacity={capacity} samples_per_step={per_step} staleness={staleness}"
+        case DispatchSpec(target, policy, affinity, instances):
+            return f"{policy} -> {target} x{instances} group_affinity={format_value(affinity)}"
+        case WeightSyncSpec(mode, staleness, interrupt):
+            return f"{mode} staleness={staleness}" + (" interrupt" if interrupt else "")
+        case WeightTransfer(nbytes, src, dst, reshard, route):
+            return f"{route} {nbytes} bytes, {src} -> {dst}" + (" reshard" if reshard else "")
+    raise TypeError(f"not a pass result: {record!r}")

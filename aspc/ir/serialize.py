@@ -1,4 +1,7 @@
-"""JSON form of the stage graph (`--emit json`), and the reader that makes the round trip."""
+"""JSON form of the stage graph (`--emit json`), and the reader that makes the round trip.
+
+A stage's pass results are an object `results`: field name -> the record's fields (only the
+results the stage has)."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,11 +9,12 @@ import json
 from typing import Any
 
 from aspc.ir.facts import Hardware, ModelArch
-from aspc.ir.graph import DataSpec, Flow, ModelSpec, Parallel, PoolSpec, ScheduleSpec, Stage, StageGraph, StageKind
+from aspc.ir.graph import (RESULTS, DataSpec, Flow, ModelSpec, Parallel, PoolSpec, ScheduleSpec, Stage, StageGraph,
+                           StageKind)
 from aspc.ir.span import Span
 from aspc.ir.values import Call
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: pass results as typed records (`results`), not options
 
 
 def to_json(graph: StageGraph) -> str:
@@ -26,10 +30,18 @@ def to_dict(graph: StageGraph) -> dict[str, Any]:
         "models": [_record(m, arch=dataclasses.asdict(m.arch)) for _, m in sorted(graph.models.items())],
         "data": [_record(d, response_lengths=encode(d.response_lengths),
                          prompt_lengths=encode(d.prompt_lengths)) for _, d in sorted(graph.data.items())],
-        "stages": [_record(s, kind=s.kind.name, parallel=dataclasses.asdict(s.parallel),
-                           options=_options(s.options)) for s in graph.stages()],
+        "stages": [_stage(s) for s in graph.stages()],
         "flows": [{"src": f.src, "dst": f.dst, "fields": list(f.fields)} for f in graph.flows()],
     }
+
+
+def _stage(stage: Stage) -> dict[str, Any]:
+    out = _record(stage, kind=stage.kind.name, parallel=dataclasses.asdict(stage.parallel),
+                  options=_options(stage.options))
+    for name in RESULTS:
+        del out[name]
+    out["results"] = {name: encode(dataclasses.asdict(record)) for name, record in stage.results()}
+    return out
 
 
 def _record(obj, **overrides) -> dict[str, Any]:
@@ -53,6 +65,8 @@ def encode(value: Any) -> Any:
         return {"call": value.func, "kwargs": {k: encode(v) for k, v in value.kwargs}}
     if isinstance(value, tuple):
         return [encode(v) for v in value]
+    if isinstance(value, dict):
+        return {k: encode(v) for k, v in value.items()}
     return value
 
 
@@ -80,11 +94,18 @@ def from_dict(doc: dict[str, Any]) -> StageGraph:
             for d in doc["data"]]
     sched = doc["schedule"]
     schedule = ScheduleSpec(sched["kind"], _pairs(sched["options"]), _unspan(sched["span"]))
-    stages = [Stage(**{**s, "kind": StageKind[s["kind"]], "parallel": Parallel(**s["parallel"]),
-                       "options": _pairs(s["options"]), "span": _unspan(s["span"])})
+    stages = [Stage(**{**{k: v for k, v in s.items() if k != "results"}, "kind": StageKind[s["kind"]],
+                       "parallel": Parallel(**s["parallel"]), "options": _pairs(s["options"]),
+                       "span": _unspan(s["span"]), **_results(s["results"])})
               for s in doc["stages"]]
     flows = [Flow(f["src"], f["dst"], tuple(f["fields"])) for f in doc["flows"]]
     return StageGraph(doc["pipeline"], pools, models, data, schedule, stages, flows)
+
+
+def _results(results: dict[str, Any]) -> dict[str, Any]:
+    """Pass-result records from their JSON objects (lists back to tuples)."""
+    return {name: RESULTS[name](**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+            for name, fields in results.items()}
 
 
 def _pairs(options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:

@@ -5,6 +5,11 @@
 3. Every stage's model, data and pool exist, and the model/data a kind needs are present.
 4. A stage's instances x parallel devices fit its pool.
 5. Every option value is a plain value (int, float, str, bool, tuple, Call or None).
+6. Pass results sit on the stages they are for: a placement on a stage with a pool, within it;
+   batching and partial rollout on GENERATE; micro-batch shapes on TRAIN, REFERENCE, CRITIC;
+   streaming on the consumers of responses; a CHANNEL, DISPATCH or WEIGHT_SYNC has its record
+   (and a weight transfer only a WEIGHT_SYNC) and no options: a pass-inserted node has no user
+   options, everything on it is a pass's decision.
 """
 from __future__ import annotations
 
@@ -15,6 +20,19 @@ from aspc.ir.values import Call
 
 _NEEDS_MODEL = (StageKind.GENERATE, StageKind.REFERENCE, StageKind.CRITIC, StageKind.TRAIN)
 _PASS_FIELDS = {StageKind.CHANNEL, StageKind.DISPATCH, StageKind.WEIGHT_SYNC}
+# pass result -> the stage kinds it may sit on (placement: any stage with a pool)
+_RESULT_KINDS = {
+    "batching": {StageKind.GENERATE},
+    "partial_rollout": {StageKind.GENERATE},
+    "micro_batching": {StageKind.TRAIN, StageKind.REFERENCE, StageKind.CRITIC},
+    "streaming": {StageKind.REWARD, StageKind.REFERENCE, StageKind.CRITIC, StageKind.ADVANTAGE, StageKind.TRAIN},
+    "channel": {StageKind.CHANNEL},
+    "dispatch": {StageKind.DISPATCH},
+    "weight_sync": {StageKind.WEIGHT_SYNC},
+    "weight_transfer": {StageKind.WEIGHT_SYNC},
+}
+# the record a pass-inserted node cannot be without
+_REQUIRED = {StageKind.CHANNEL: "channel", StageKind.DISPATCH: "dispatch", StageKind.WEIGHT_SYNC: "weight_sync"}
 
 
 class VerificationError(Exception):
@@ -37,25 +55,47 @@ def verify_problems(graph: StageGraph) -> list[str]:
     problems += _cycle_problems(graph)
     for stage in graph.nx_graph().nodes:
         problems += _stage_problems(graph, graph.stage(stage), stage)
+        problems += _result_problems(graph, graph.stage(stage))
         problems += _inserted_node_problems(graph, graph.stage(stage))
+    return problems
+
+
+def _result_problems(graph: StageGraph, stage: Stage) -> list[str]:
+    problems = []
+    where = f"{stage.kind.name} {stage.name}"
+    required = _REQUIRED.get(stage.kind)
+    if required is not None and getattr(stage, required) is None:
+        problems.append(f"{where}: lacks its {required} record")
+    if stage.kind in _PASS_FIELDS and stage.options:
+        problems.append(f"{where}: a pass-inserted node holds options {[k for k, _ in stage.options]}")
+    for name, _ in stage.results():
+        if name == "placement":
+            if stage.pool is None:
+                problems.append(f"{where}: placed, but it runs on no pool")
+        elif stage.kind not in _RESULT_KINDS[name]:
+            problems.append(f"{where}: a {name} result does not belong on a {stage.kind.name} stage")
+    pool = graph.pools.get(stage.pool) if stage.placement is not None else None
+    if pool is not None and not 0 <= stage.placement.device_offset <= pool.count - stage.devices:
+        problems.append(f"{where}: placed at device {stage.placement.device_offset} with {stage.devices} "
+                        f"devices, outside pool {pool.name} of {pool.count}")
     return problems
 
 
 def _inserted_node_problems(graph: StageGraph, stage: Stage) -> list[str]:
     """CHANNEL: one producer, a capacity of (staleness + 1) steps. DISPATCH: one target.
     WEIGHT_SYNC: weights from one TRAIN stage to one GENERATE stage of the same model."""
-    if stage.kind not in _PASS_FIELDS:
-        return []
+    if stage.kind not in _PASS_FIELDS or getattr(stage, _REQUIRED[stage.kind]) is None:
+        return []  # a node without its record: _result_problems says so
     producers, consumers = graph.producers(stage.name), graph.consumers(stage.name)
     where = f"{stage.kind.name} {stage.name}"
     if stage.kind is StageKind.CHANNEL:
-        expected = (stage.option("staleness", 0) + 1) * stage.option("samples_per_step", 0)
+        channel = stage.channel
         if len(producers) != 1 or not consumers:
             return [f"{where}: needs one producer and at least one consumer"]
-        if stage.option("capacity") != expected:
-            return [f"{where}: capacity {stage.option('capacity')} != (staleness + 1) x samples per step"]
-    if stage.kind is StageKind.DISPATCH and [c.name for c in consumers] != [stage.option("target")]:
-        return [f"{where}: must feed exactly its target '{stage.option('target')}'"]
+        if channel.capacity != (channel.staleness + 1) * channel.samples_per_step:
+            return [f"{where}: capacity {channel.capacity} != (staleness + 1) x samples per step"]
+    if stage.kind is StageKind.DISPATCH and [c.name for c in consumers] != [stage.dispatch.target]:
+        return [f"{where}: must feed exactly its target '{stage.dispatch.target}'"]
     if stage.kind is StageKind.WEIGHT_SYNC:
         kinds = ([p.kind for p in producers], [c.kind for c in consumers])
         if kinds != ([StageKind.TRAIN], [StageKind.GENERATE]):

@@ -14,14 +14,12 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from aspc.ir.facts import ModelArch
-from aspc.ir.graph import Parallel, Stage, StageGraph, StageKind
+from aspc.ir.graph import Parallel, Stage, StageGraph, StageKind, WeightTransfer
 from aspc.ir.serialize import decode, encode
 from aspc.ir.values import Call
 
 PLAN_FORMAT = "aspc.execution_plan"
 PLAN_VERSION = 1
-_PLAN_OPTIONS = {"placement", "device_offset", "batching", "pack_tokens", "buckets", "balance",
-                 "padding", "padding_fraction", "stream_micro", "partial_rollout"}
 
 
 @dataclass(frozen=True)
@@ -281,7 +279,7 @@ class PlanFormatError(PlanError, ValueError):
 
 def build_plan(graph: StageGraph, passes: str) -> ExecutionPlan:
     stages = graph.stages()
-    unplaced = [s.name for s in stages if s.pool is not None and s.option("placement") is None]
+    unplaced = [s.name for s in stages if s.pool is not None and s.placement is None]
     if unplaced:
         raise PlanError(f"stages {', '.join(unplaced)} have no devices yet: the execution plan "
                         "needs the `place` pass in the pipeline", "add `place` to the pass pipeline")
@@ -317,48 +315,52 @@ _USER_KINDS = {"generate", "environment", "reward", "reference", "critic", "adva
 
 
 def _stage(graph: StageGraph, stage: Stage) -> StagePlan:
-    offset = stage.option("device_offset", 0)
-    per = stage.parallel.devices
-    per = per if stage.pool else 0
+    """A stage's plan: its user options as written, and what the passes decided (typed results)."""
+    placed = stage.placement if stage.pool else None
+    offset = placed.device_offset if placed else 0
+    per = stage.parallel.devices if stage.pool else 0
     instances = tuple(Instance(i, offset + i * per, per) for i in range(stage.instances))
     inputs = tuple(sorted((field, src) for field, src in graph.inputs(stage.name).items()))
-    rest = tuple((k, v) for k, v in stage.options if k not in _PLAN_OPTIONS)
+    batching = (stage.batching.mode if stage.batching else "static") if stage.kind is StageKind.GENERATE else None
     return StagePlan(
         stage.name, stage.kind.value, stage.model, stage.data, stage.pool, stage.parallel,
-        stage.option("placement", "host") if stage.pool else "host", instances, inputs,
-        stage.option("batching", "static") if stage.kind is StageKind.GENERATE else None,
-        _micro_batching(graph, stage), stage.option("stream_micro"), stage.option("partial_rollout", 0), rest)
+        placed.kind if placed else "host", instances, inputs, batching, _micro_batching(graph, stage),
+        stage.streaming.micro if stage.streaming else None,
+        stage.partial_rollout.max_split if stage.partial_rollout else 0, stage.options)
 
 
 def _micro_batching(graph: StageGraph, stage: Stage) -> MicroBatching | None:
     if stage.kind not in (StageKind.TRAIN, StageKind.REFERENCE, StageKind.CRITIC):
         return None
+    shape = stage.micro_batching
+    if shape is not None:
+        return MicroBatching(shape.tokens, shape.buckets, shape.balance, shape.padding, shape.padding_fraction)
     train_tokens = max((t.option("micro_tokens") for t in graph.stages_of(StageKind.TRAIN)), default=0)
-    tokens = stage.option("pack_tokens") or stage.option("micro_tokens") or train_tokens
-    return MicroBatching(tokens, stage.option("buckets", ()), stage.option("balance", "none"),
-                         stage.option("padding", "longest"), stage.option("padding_fraction"))
+    tokens = stage.option("micro_tokens") or train_tokens  # unpacked: pad to the longest sequence
+    return MicroBatching(tokens, (), "none", "longest", None)
 
 
 def _channel(graph: StageGraph, stage: Stage) -> ChannelPlan:
     src = graph.producers(stage.name)[0].name
     dsts = tuple(c.name for c in graph.consumers(stage.name))
     fields = graph.flow(src, stage.name).fields
-    return ChannelPlan(stage.name, src, dsts, fields, stage.option("capacity"),
-                       stage.option("samples_per_step"), stage.option("staleness"))
+    c = stage.channel
+    return ChannelPlan(stage.name, src, dsts, fields, c.capacity, c.samples_per_step, c.staleness)
 
 
 def _dispatch(stage: Stage) -> DispatchPlan:
-    return DispatchPlan(stage.name, stage.option("target"), stage.option("policy"),
-                        stage.option("group_affinity"), stage.option("instances"))
+    d = stage.dispatch
+    return DispatchPlan(stage.name, d.target, d.policy, d.group_affinity, d.instances)
 
 
 def _weight_sync(graph: StageGraph, stage: Stage) -> WeightSyncPlan:
     src = graph.producers(stage.name)[0].name
     dst = graph.consumers(stage.name)[0].name
-    o = stage.option
-    return WeightSyncPlan(stage.name, src, dst, o("mode"), o("staleness"), o("bytes", 0),
-                          o("src_layout", ""), o("dst_layout", ""), o("reshard", False),
-                          o("transfer", "link"), o("interrupt", False))
+    sync, moved = stage.weight_sync, stage.weight_transfer
+    if moved is None:  # not placed (build_plan refuses such graphs before it gets here)
+        moved = WeightTransfer(0, "", "", False, "link")
+    return WeightSyncPlan(stage.name, src, dst, sync.mode, sync.staleness, moved.bytes, moved.src_layout,
+                          moved.dst_layout, moved.reshard, moved.transfer, sync.interrupt)
 
 
 def plan_problems(plan: ExecutionPlan) -> list[str]:
