@@ -164,3 +164,39 @@ def test_random_plans_lower_to_a_sound_device_mapping(data):
         if stage.groups:
             world = sum(len(g) for g in stage.groups["tp"])
             assert all(sorted(r for g in stage.groups[a] for r in g) == list(range(world)) for a in ("tp", "dp", "pp"))
+
+
+def _grpo_7b_with(tmp_path, reward: str, pool: str = "pool judges = 910b3 x 8"):
+    text = (ROOT / "pipelines" / "grpo_7b.aspl").read_text().replace(
+        "pool learner = 910b3 x 8", "pool learner = 910b3 x 8\n" + pool).replace(
+        "model ref = frozen(actor)", "model ref = frozen(actor)\nmodel rm = qwen2.5-7b").replace(
+        'reward(gen, rule = "math_verify")', reward)
+    (tmp_path / "data").mkdir(exist_ok=True)
+    (tmp_path / "data" / "math.jsonl").write_text((ROOT / "pipelines" / "data" / "math.jsonl").read_text())
+    path = tmp_path / "p.aspl"
+    path.write_text(text)
+    return lower(compile_with_passes(path, []).plan())
+
+
+def test_a_reward_model_is_a_megatron_forward_job_per_instance(tmp_path):
+    """Nothing on a pool is left out of the launch plan: a reward model runs forward-only on
+    megatron-core (hidden states out, a scalar head on the last token), one job per instance."""
+    plan = _grpo_7b_with(tmp_path, "reward(gen, model = rm) on judges { tp = 4, instances = 2 }")
+    score = next(s for s in plan.stages if s.stage == "score")
+    assert score.role == "megatron-forward" and score.model_args["post_process"] is False
+    assert score.config["tensor_model_parallel_size"] == 4 and "scalar" not in score.config
+    procs = [p for p in plan.processes if p.stage == "score"]
+    assert len(procs) == 8 and {p.world_size for p in procs} == {4}
+    assert Counter(p.rank for p in procs) == {r: 2 for r in range(4)}  # two jobs of four ranks
+    assert len({p.env["MASTER_PORT"] for p in procs}) == 2
+    held = sorted(p.node * NPUS_PER_NODE + d for p in procs for d in p.devices)
+    assert held == sorted(set(held)) and len(held) == 8  # every judges NPU once
+
+
+def test_a_judge_is_a_greedy_vllm_engine_with_a_short_verdict(tmp_path):
+    plan = _grpo_7b_with(tmp_path, 'reward(gen, sources = [judge(model = rm, prompt = "grade")]) on judges { tp = 4 }')
+    judge = next(s for s in plan.stages if s.stage == "score")
+    assert judge.role == "vllm-engine" and judge.config["tensor_parallel_size"] == 4
+    assert judge.micro_batching["sampling"]["temperature"] == 0.0
+    assert judge.micro_batching["sampling"]["max_tokens"] <= 32
+    assert [p.role for p in plan.processes if p.stage == "score"] == ["vllm-engine"]

@@ -18,13 +18,15 @@ HCCL_ENV = {"HCCL_CONNECT_TIMEOUT": "1200", "HCCL_EXEC_TIMEOUT": "1800", "HCCL_B
 ALLOC_ENV = {"PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True"}
 MEGATRON_KINDS = ("train", "reference", "critic")
 BASE_PORT = 29500
+JUDGE_VERDICT_TOKENS = 16  # a judge engine's decode budget: a verdict or a score, not an essay
+JUDGE_RUBRIC_TOKENS = 1024  # room for the rubric around the prompt and the response
 
 
 @dataclass(frozen=True)
 class Process:
     name: str
     stage: str
-    role: str  # "vllm-engine" | "megatron-train" | "megatron-forward"
+    role: str  # "vllm-engine" | "megatron-train" | "megatron-forward" (reference, reward model)
     node: int
     devices: tuple[int, ...]  # local NPU indices on its node
     rank: int | None  # rank in its stage's job (megatron), or the engine's data-parallel rank
@@ -81,6 +83,12 @@ def lower(plan: ExecutionPlan) -> LaunchPlan:
         elif stage.kind in MEGATRON_KINDS:
             processes += _megatron_processes(stage, offsets[stage.pool], BASE_PORT + index)
             stages.append(_megatron_launch(plan, stage))
+        elif _source_models(stage, "judge"):
+            processes += _engine_processes(plan, stage, offsets[stage.pool])
+            stages.append(_judge_launch(plan, stage))
+        elif _source_models(stage, "model"):
+            processes += _megatron_processes(stage, offsets[stage.pool], BASE_PORT + index)
+            stages.append(_reward_model_launch(plan, stage))
     transfers = [t for sync in plan.weight_syncs for t in _transfers(plan, sync)]
     nodes = max((p.node for p in processes), default=-1) + 1
     return LaunchPlan(plan.pipeline, plan.schedule, nodes, tuple(processes), tuple(stages), tuple(transfers))
@@ -137,27 +145,78 @@ def _engine_launch(plan: ExecutionPlan, stage: StagePlan) -> StageLaunch:
                                                                 "max_tokens": options["max_tokens"]}})
 
 
+# ---- reward sources on devices: a judge engine, a reward model ----
+def _source_models(stage: StagePlan, func: str) -> list[str]:
+    """The models of a reward stage's `func(...)` sources ("model" or "judge")."""
+    if stage.kind != "reward":
+        return []
+    return [source.get("model") for source in dict(stage.options).get("sources", ()) if source.func == func]
+
+
+def _judge_launch(plan: ExecutionPlan, stage: StagePlan) -> StageLaunch:
+    """An LLM judge is a vllm-ascend engine like generation: greedy, a short verdict, the rubric
+    around the prompt and response in its context; its weights are frozen (no refresh)."""
+    model = plan.model(_source_models(stage, "judge")[0])
+    gen = plan.stages_of("generate")[0]
+    data = plan.dataset(gen.data)
+    par = stage.parallel
+    context = JUDGE_RUBRIC_TOKENS + data.max_prompt + data.max_response + JUDGE_VERDICT_TOKENS
+    args = {
+        "model": model.name, "dtype": _torch_dtype(model.dtype), "tensor_parallel_size": par.tp,
+        "pipeline_parallel_size": par.pp, "data_parallel_size": par.dp, "enable_expert_parallel": par.ep > 1,
+        "max_num_seqs": 256, "max_model_len": context, "gpu_memory_utilization": 0.9, "enforce_eager": False,
+        "enable_sleep_mode": stage.placement == "time_shared", "load_format": "dummy", "seed": 0,
+        "compilation_config": {"cudagraph_capture_sizes": _capture_sizes(256)},
+    }
+    sampling = {"temperature": 0.0, "max_tokens": JUDGE_VERDICT_TOKENS, "logprobs": 5}
+    return StageLaunch(stage.name, stage.kind, "vllm-engine", {}, args, {}, None,
+                       {"weight_refresh": "none (frozen judge)", "sampling": sampling})
+
+
+def _reward_model_launch(plan: ExecutionPlan, stage: StagePlan) -> StageLaunch:
+    """A reward model is a megatron-core forward-only model with a scalar head read at each
+    sequence's last token (as MindSpeed-RL's RewardWorker and verl's MegatronRewardModel run it),
+    not a vLLM pooling runner: it shares the trainer's model code, parallel layouts and packing,
+    and needs no second inference stack on the NPUs."""
+    model = plan.model(_source_models(stage, "model")[0])
+    config = transformer_config(model.arch, model.dtype, stage.parallel, False)
+    model_args = {"vocab_size": model.arch.vocab, "max_sequence_length": model.arch.max_seq,
+                  "position_embedding_type": "rope", "rotary_base": 1_000_000 if model.preset != "custom" else 10_000,
+                  "share_embeddings_and_output_weights": False, "post_process": False}  # hidden states out
+    compiler = {"mode": "max-autotune", "experimental_config": {"frozen_parameter": True,
+                                                                "tiling_schedule_optimize": True},
+                "dynamic": True, "static_shapes": []}
+    scoring = {"head": "linear(hidden, 1) on the last token of prompt + response", "packing": "none"}
+    return StageLaunch(stage.name, stage.kind, "megatron-forward", process_groups(stage.parallel), config,
+                       model_args, compiler, {"scoring": scoring})
+
+
 def _capture_sizes(max_num_seqs: int) -> list[int]:
     """Decode batch sizes to capture as ACL graphs: 1, 2, 4, 8, then every 16 up to the cap."""
     sizes = [1, 2, 4, 8] + list(range(16, max_num_seqs + 1, 16))
     return [s for s in sizes if s <= max_num_seqs]
 
 
-# ---- train, reference, critic: megatron-core ----
+# ---- train, reference, critic, reward models: megatron-core ----
 def _megatron_processes(stage: StagePlan, offset: int, port: int) -> list[Process]:
+    """One megatron job per instance (a train stage has one; a reward model may have several)."""
     world = stage.parallel.devices
-    first = stage.instances[0].first_device
-    devs = [device(offset, first + r) for r in range(world)]
-    master = f"node{devs[0].node}"
     out = []
-    for rank, d in enumerate(devs):
-        env = {**HCCL_ENV, **ALLOC_ENV, "ASCEND_RT_VISIBLE_DEVICES": str(d.local), "RANK": str(rank),
-               "WORLD_SIZE": str(world), "LOCAL_RANK": "0", "MASTER_ADDR": master, "MASTER_PORT": str(port)}
-        role = "megatron-train" if stage.kind in ("train", "critic") else "megatron-forward"
-        command = ("python", "-m", "aspc.backends.ascend.executors", stage.kind, "--plan", "launch.json",
-                   "--stage", stage.name, "--rank", str(rank))
-        out.append(Process(f"{stage.name}.rank{rank}", stage.name, role, d.node, (d.local,), rank, world,
-                           stage.placement == "time_shared", env, command))
+    for inst in stage.instances:
+        devs = [device(offset, inst.first_device + r) for r in range(world)]
+        master = f"node{devs[0].node}"
+        job_port = port + 100 * inst.index
+        prefix = stage.name if len(stage.instances) == 1 else f"{stage.name}.{inst.index}"
+        for rank, d in enumerate(devs):
+            env = {**HCCL_ENV, **ALLOC_ENV, "ASCEND_RT_VISIBLE_DEVICES": str(d.local), "RANK": str(rank),
+                   "WORLD_SIZE": str(world), "LOCAL_RANK": "0", "MASTER_ADDR": master, "MASTER_PORT": str(job_port)}
+            role = "megatron-train" if stage.kind in ("train", "critic") else "megatron-forward"
+            command = ("python", "-m", "aspc.backends.ascend.executors", stage.kind, "--plan", "launch.json",
+                       "--stage", stage.name, "--rank", str(rank))
+            if len(stage.instances) > 1:
+                command += ("--instance", str(inst.index))
+            out.append(Process(f"{prefix}.rank{rank}", stage.name, role, d.node, (d.local,), rank, world,
+                               stage.placement == "time_shared", env, command))
     return out
 
 
