@@ -16,6 +16,7 @@ from aspc.controller.events import (Dispatch, InstanceFailed, InstanceIdle, Inst
 
 SCORE, REF = RoutedStage("score", "reward", None), RoutedStage("ref", "reference", "trainer")
 RM = RoutedStage("score", "reward", "forward_model")
+RM_AS_FINISHED = RoutedStage("score", "reward", "forward_model", per_group=True)  # scores each group at once
 
 
 def executors(forward: tuple, time_shared: bool) -> tuple:
@@ -23,12 +24,13 @@ def executors(forward: tuple, time_shared: bool) -> tuple:
     trainer = ExecutorSpec("learner", "gpus", (0,), (("update", 0),) + ((("ref", 0),) if REF in forward else ()),
                            time_shared)
     judges = tuple(ExecutorSpec(f"judges[{k}]", "judges", (k,), (("score", k),), False) for k in range(2))
-    return (trainer,) + (judges if RM in forward else ())
+    return (trainer,) + (judges if RM in forward or RM_AS_FINISHED in forward else ())
 
 
 @st.composite
 def configs(draw):
-    forward = draw(st.sampled_from([(), (SCORE,), (SCORE, REF), (RM,), (RM, REF)]))
+    forward = draw(st.sampled_from([(), (SCORE,), (SCORE, REF), (RM,), (RM, REF), (RM_AS_FINISHED,),
+                                    (RM_AS_FINISHED, REF)]))
     time_shared = draw(st.booleans())
     return ControllerConfig(
         steps=draw(st.integers(1, 4)), prompts_per_step=draw(st.integers(1, 4)), group=draw(st.integers(1, 3)),

@@ -18,6 +18,7 @@ class RoutedStage:
     name: str
     kind: str
     role: str | None  # the executor role that runs it; None: on the host, by the driver itself
+    per_group: bool = False  # scores each group as it completes (a reward model or judge on its own devices)
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,10 @@ class ControllerConfig:
         data = plan.dataset(gen.data)
         dispatch = next((d for d in plan.dispatches if d.target == gen.name), None)
         routed = [s for s in plan.stages if s.kind in ("reward", "reference", "critic")]
-        forward = tuple(RoutedStage(s.name, s.kind, rule_for(s).role) for s in routed)
         on_devices = [s for s in routed if rule_for(s).role is not None] + [train]
+        executors = _executors(on_devices, gen)
+        forward = tuple(RoutedStage(s.name, s.kind, rule_for(s).role, _scores_as_finished(s, executors))
+                        for s in routed)
         return ControllerConfig(
             steps=steps, prompts_per_step=data.prompts_per_step, group=data.group,
             instances=len(gen.instances), staleness=plan.staleness,
@@ -83,7 +86,17 @@ class ControllerConfig:
             group_affinity=dispatch.group_affinity if dispatch else True,
             stream_micro=train.stream_micro, partial_rollout=gen.partial_rollout,
             forward_stages=forward, train_stage=train.name, max_response=data.max_response,
-            executors=_executors(on_devices, gen), gen_pool=gen.pool, checkpoint_every=checkpoint_every)
+            executors=executors, gen_pool=gen.pool, checkpoint_every=checkpoint_every)
+
+
+def _scores_as_finished(stage: StagePlan, executors: tuple[ExecutorSpec, ...]) -> bool:
+    """A reward model or judge scores each group as it completes when its devices are its own
+    (shared with generation, it would switch the pool once per group; shared with the trainer, it
+    would queue between training units): then its pool works while generation goes on."""
+    if rule_for(stage).role not in ("forward_model", "judge"):
+        return False
+    mine = [e for e in executors if any(host == stage.name for host, _ in e.hosts)]
+    return all(not e.time_shared and all(host == stage.name for host, _ in e.hosts) for e in mine)
 
 
 def _executors(stages: list[StagePlan], gen: StagePlan) -> tuple[ExecutorSpec, ...]:

@@ -1,6 +1,10 @@
 """The training side of the controller: finished samples become streamed units (whole groups),
 each unit runs the forward stages (reward, reference, critic) and then training; a step's
-optimizer update follows its last unit."""
+optimizer update follows its last unit.
+
+A reward model or judge on devices of its own scores each group as soon as it is complete
+(score-as-finished), not per unit: its pool works while generation goes on, and a unit's
+training waits only for the scores of its groups."""
 from __future__ import annotations
 
 from collections import defaultdict, deque
@@ -20,15 +24,28 @@ class Learner:
         self.train_ready: dict[int, deque] = defaultdict(deque)
         self.train_left: dict[int, int] = defaultdict(int)  # step -> train works not finished
         self.trained: dict[int, int] = defaultdict(int)  # step -> samples trained
+        self.scores_left: dict[tuple[int, int], int] = {}  # group -> per-group scorings still running
+        self.group_of: dict[int, tuple[int, int]] = {}  # per-group scoring work id -> its group
+        self.waiting: dict[tuple[int, int], list[int]] = defaultdict(list)  # group -> train units waiting
         self.next_id = 0
 
     def sample_done(self, sample: SampleId) -> list[Work]:
         """Forward works for the units this sample completes."""
         step, prompt, _ = sample
         self.group_done[(step, prompt)] += 1
+        scorings = []
         if self.group_done[(step, prompt)] == self.config.group:
             self.ready_groups[step].append(prompt)
-        return self._form_units(step)
+            scorings = self._score_group(step, prompt)
+        return scorings + self._form_units(step)
+
+    def _score_group(self, step: int, prompt: int) -> list[Work]:
+        samples = tuple((step, prompt, g) for g in range(self.config.group))
+        works = [self._new(s.name, s.kind, step, samples) for s in self.config.forward_stages if s.per_group]
+        if works:
+            self.scores_left[(step, prompt)] = len(works)
+            self.group_of.update((w.id, (step, prompt)) for w in works)
+        return works
 
     def _form_units(self, step: int) -> list[Work]:
         c = self.config
@@ -46,12 +63,15 @@ class Learner:
 
     def _unit(self, step: int, samples: tuple) -> list[Work]:
         train = self._new(self.config.train_stage, "train", step, samples)
-        forward = [self._new(s.name, s.kind, step, samples) for s in self.config.forward_stages]
-        self.forward_left[train.id] = len(forward)
+        forward = [self._new(s.name, s.kind, step, samples) for s in self.config.forward_stages if not s.per_group]
+        unscored = sorted({(step, p) for _, p, _ in samples if (step, p) in self.scores_left})
+        self.forward_left[train.id] = len(forward) + len(unscored)
         self.train_left[step] += 1
         for work in forward:
             self.unit_of[work.id] = train.id
-        if not forward:
+        for group in unscored:
+            self.waiting[group].append(train.id)
+        if not self.forward_left[train.id]:
             self.train_ready[step].append(train)
         return forward
 
@@ -66,17 +86,28 @@ class Learner:
         work = self.work.pop(work_id, None)
         if work is None:
             return None
+        if work_id in self.group_of:
+            group = self.group_of.pop(work_id)
+            self.scores_left[group] -= 1
+            if self.scores_left[group] == 0:
+                del self.scores_left[group]
+                for unit in self.waiting.pop(group, []):
+                    self._forward_done(unit)
+            return None
         if work.kind != "train":
-            unit = self.unit_of.pop(work_id)
-            self.forward_left[unit] -= 1
-            if self.forward_left[unit] == 0:
-                self.train_ready[work.step].append(self.work[unit])
+            self._forward_done(self.unit_of.pop(work_id))
             return None
         self.train_left[work.step] -= 1
         self.trained[work.step] += len(work.samples)
         if self.trained[work.step] == self.config.samples_per_step and self.train_left[work.step] == 0:
             return work.step
         return None
+
+    def _forward_done(self, unit: int) -> None:
+        self.forward_left[unit] -= 1
+        if self.forward_left[unit] == 0:
+            train = self.work[unit]
+            self.train_ready[train.step].append(train)
 
     def runnable_train(self, version: int) -> list[Work]:
         """Train works of the step whose weights are current (training is in step order)."""
