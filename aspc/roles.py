@@ -11,7 +11,7 @@ contract in pyproject.toml). Which role runs a stage is the stage-kind table's
 - `Trainer` — the policy's learner: reference, critic and train passes per streamed unit, the
   optimizer step, the weights it publishes (and a rule or python reward, on the host).
 - `ForwardModel` — a model that scores token sequences on its own devices (a reward model).
-- `Judge` — a generation engine used as a scorer (an LLM judge); refused until issue 12.
+- `Judge` — a generation engine used as a scorer (an LLM judge): it writes a verdict per rollout.
 - `ToolRunner` — runs a tool call of an environment episode with a timeout; refused until issue 13.
 """
 from __future__ import annotations
@@ -80,6 +80,8 @@ class Executors(Protocol):
     def trainer(self) -> Trainer: ...
 
     def forward_model(self, stage: str, instance: int) -> ForwardModel: ...
+
+    def judge(self, stage: str, instance: int) -> Judge: ...
 
     def switch_pool(self, pool: str, mode: str) -> None: ...  # offload one side, onload the other
 

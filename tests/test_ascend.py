@@ -11,6 +11,7 @@ from aspc.backends.ascend.executors import materialize
 from aspc.backends.ascend.groups import process_groups
 from aspc.backends.ascend.lowering import MEGATRON_KINDS, lower
 from aspc.backends.ascend.topology import NPUS_PER_NODE, pool_offsets
+from aspc.controller.kinds import JUDGE_VERDICT_TOKENS
 from aspc.ir.graph import Parallel
 from aspc.plan.toolchain import compile_with_passes
 from aspc.frontend.compiler import compile_source
@@ -198,5 +199,5 @@ def test_a_judge_is_a_greedy_vllm_engine_with_a_short_verdict(tmp_path):
     judge = next(s for s in plan.stages if s.stage == "score")
     assert judge.role == "vllm-engine" and judge.config["tensor_parallel_size"] == 4
     assert judge.micro_batching["sampling"]["temperature"] == 0.0
-    assert judge.micro_batching["sampling"]["max_tokens"] <= 32
+    assert judge.micro_batching["sampling"]["max_tokens"] == JUDGE_VERDICT_TOKENS  # what the simulator prices
     assert [p.role for p in plan.processes if p.stage == "score"] == ["vllm-engine"]

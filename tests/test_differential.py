@@ -24,7 +24,14 @@ _REWARD_MODEL = {**_DISAGGREGATED,
                  "pool learner = cpu x 1": "pool learner = cpu x 1\npool judges = cpu x 2",
                  "model ref = frozen(actor)": "model ref = frozen(actor)\nmodel rm = frozen(actor)",
                  'reward(gen, rule = "exact_match")': "reward(gen, model = rm) on judges { instances = 2 }"}
-PLANS = {"time_shared": {}, "disaggregated": _DISAGGREGATED, "reward_model": _REWARD_MODEL}
+_JUDGE = {**_REWARD_MODEL, "reward(gen, model = rm) on judges": 'reward(gen, sources = [judge(model = rm, prompt = '
+                                                                 '"grade it"), rule("exact_match", weight = 0.2)]) '
+                                                                 "on judges"}
+_REWARD_ON_LEARNER = {**_DISAGGREGATED,  # the reward model time-shares the trainer's executor
+                      "model ref = frozen(actor)": "model ref = frozen(actor)\nmodel rm = frozen(actor)",
+                      'reward(gen, rule = "exact_match")': "reward(gen, model = rm) on learner"}
+PLANS = {"time_shared": {}, "disaggregated": _DISAGGREGATED, "reward_model": _REWARD_MODEL, "judge": _JUDGE,
+         "reward_on_learner": _REWARD_ON_LEARNER}
 
 
 def _plan(tmp_path, name: str, schedule: str):
@@ -100,10 +107,14 @@ def test_sim_and_local_drivers_take_the_same_actions(tmp_path, recorded, name, s
     assert {"Dispatch", "RunWork", "OptimizerStep", "PublishWeights", "SyncWeights", "Finished"} <= kinds
     if name == "time_shared":
         assert "SwitchPool" in kinds
-    if name == "reward_model" and schedule == "asp":  # streamed units: both judges instances score them
+    if name in ("reward_model", "judge") and schedule == "asp":  # streamed units: both judges instances score them
         executors = {a.executor for _, _, actions in sim_trace for a in actions
                      if type(a).__name__ == "RunWork" and a.work.kind == "reward"}
         assert len(executors) == 2
+    if name == "reward_on_learner":  # scoring and training serialize on the trainer's executor
+        runs = {a.work.kind: a.executor for _, _, actions in sim_trace for a in actions
+                if type(a).__name__ == "RunWork"}
+        assert runs["reward"] == runs["train"]
 
 
 def test_a_driver_that_deviates_is_caught(tmp_path, recorded, monkeypatch):
@@ -119,3 +130,17 @@ def test_a_driver_that_deviates_is_caught(tmp_path, recorded, monkeypatch):
                         lambda self, state: self.time.sleep(timed_fakes.LOAD + 2 ** -4))
     local(plan, recorded)
     assert sim_trace != list(recorded)
+
+
+def test_a_reward_model_on_its_own_pool_scores_groups_while_generation_goes_on(tmp_path, recorded):
+    """Score-as-finished: each group is scored as soon as it completes, on the judges' devices,
+    while the generation instances still have requests in flight."""
+    plan = _plan(tmp_path, "reward_model", "asp")
+    simulated(plan, recorded)
+    group = plan.dataset(plan.stages_of("generate")[0].data).group
+    scorings = [(t, a.work) for t, _, actions in recorded for a in actions
+                if type(a).__name__ == "RunWork" and a.work.kind == "reward"]
+    assert scorings and all(len(work.samples) == group for _, work in scorings)
+    finishes = [t for t, event, _ in recorded if type(event).__name__ == "SampleFinished"]
+    overlapped = [t for t, _ in scorings if any(f > t for f in finishes if f < t + 10)]
+    assert len(overlapped) > len(scorings) // 2  # most scorings start while samples still finish

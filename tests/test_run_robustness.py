@@ -268,7 +268,7 @@ def test_what_the_cpu_backend_cannot_execute_is_refused_at_its_line(aspc, tmp_pa
     judged = pipeline(tmp_path, 'reward(gen, rule = "exact_match")',
                       'reward(gen, sources = [rule("exact_match"), model(ref)])', name="judged.aspl")
     assert_one_message(run(aspc, tmp_path, file=judged), 1, "judged.aspl:", "stage 'score'",
-                       "does not execute model(...) reward sources")
+                       "reward model 'ref' has no weights", "aspc train-rm")
     epochs = run(aspc, tmp_path, "--set", "update.epochs=2")
     assert_one_message(epochs, 1, "<--set>:1:", "trains one epoch per step", "set epochs = 1")
     assert not (tmp_path / "m.jsonl").exists()  # refused before the run

@@ -126,21 +126,154 @@ def test_a_reward_model_is_priced_on_its_own_pool(tmp_path):
     assert not any(s.track.startswith("judges") for s in rule.spans)
 
 
+def _with_judge(source: str, instances: int = 1, model: str = "qwen2.5-7b") -> str:
+    return _with_reward_model(source, instances).replace("model rm = qwen2.5-7b", f"model rm = {model}").replace(
+        "reward(gen, model = rm)",
+        'reward(gen, sources = [judge(model = rm, prompt = "Grade the answer."), rule("math_verify", weight = 0.2)])')
+
+
+def _plans(tmp_path, schedule="asp", **sources):
+    tmp_path.mkdir(exist_ok=True)
+    plans = {}
+    for name, text in sources.items():
+        (tmp_path / f"{name}.aspl").write_text(text)
+        plans[name] = compile_with_passes(tmp_path / f"{name}.aspl", [], schedule).plan()
+    return plans
+
+
+def test_a_judge_is_priced_on_its_own_pool(tmp_path):
+    """An LLM judge's verdicts run on its pool's instances and show in the ledger and the pool
+    shares; they cannot make the step faster than the rule reward alone (they add a prefill and a
+    decode between generation and training)."""
+    plans = _plans(tmp_path, rule=_grpo_7b_source(), judge=_with_judge(_grpo_7b_source(), 2))
+    rule, judge = (simulate(plans[n], 3, RooflinePricing(plans[n])) for n in ("rule", "judge"))
+    assert judge.devices == rule.devices + 8
+    assert judge.step_time >= rule.step_time
+    judging = [s for s in judge.spans if s.track.startswith("judges") and s.label.startswith("reward step")]
+    assert {s.track for s in judging} == {"judges[0]", "judges[1]"}
+    assert sum(s.end - s.start for s in judging) > 0
+    assert 0 < judge.pool_share("judges") < 1 and "judges" not in rule.pools
+    assert sum(judge.pool_share(p) for p in judge.pools) == pytest.approx(1)
+    total = judge.devices * judge.wall_s
+    assert sum(judge.bubbles.values()) == pytest.approx(total, rel=1e-9)
+
+
+def test_the_verdict_decode_makes_a_judge_dearer_than_a_reward_model(tmp_path, monkeypatch):
+    """Same 7B model, same pool and layout: the reward model reads each sequence once (a forward
+    pass); the judge prefills rubric, prompt and response and then decodes its verdict."""
+    import aspc.backends.sim.pricing as pricing
+    from aspc.controller.events import Work
+
+    plans = _plans(tmp_path, rm=_with_reward_model(_grpo_7b_source()), judge=_with_judge(_grpo_7b_source()))
+    lengths = [900 + 37 * i for i in range(16)]
+    work = Work(0, "score", "reward", 0, tuple((0, i // 8, i % 8) for i in range(16)))
+
+    def seconds(name):
+        plan = plans[name]
+        return RooflinePricing(plan).work(work, plan.stage("score"), lengths)
+
+    rm, judge = seconds("rm"), seconds("judge")
+    assert judge.seconds > rm.seconds
+    assert judge.useful + judge.padding == pytest.approx(judge.seconds * 4)  # one tp=4 instance
+    rm_sim, judge_sim = (simulate(plans[n], 2, RooflinePricing(plans[n])) for n in ("rm", "judge"))
+    busy = {name: sum(s.end - s.start for s in r.spans if s.track.startswith("judges"))
+            for name, r in (("rm", rm_sim), ("judge", judge_sim))}
+    assert busy["judge"] > busy["rm"]
+    monkeypatch.setattr(pricing, "JUDGE_VERDICT_TOKENS", 0)  # without the verdict: a prefill only
+    prefill_only = seconds("judge")
+    assert prefill_only.seconds < rm.seconds < judge.seconds
+
+
+def test_a_judge_pads_only_under_static_batching(tmp_path):
+    """sync-naive (no continuous batching) pads each wave's prompts to its longest: padding; sync
+    batches them as they are: all useful."""
+    lengths = [400 + 97 * i for i in range(16)]
+    costs = {}
+    for schedule in ("sync-naive", "sync"):
+        plan = _plans(tmp_path / schedule, schedule, judge=_with_judge(_grpo_7b_source()))["judge"]
+        costs[schedule] = RooflinePricing(plan).judge(plan.stage("score"), "rm", "Grade it.", lengths)
+    assert costs["sync"].padding == 0 and costs["sync-naive"].padding > 0
+    assert costs["sync-naive"].useful == pytest.approx(costs["sync"].useful)
+
+
+def test_a_judge_bounded_by_kv_room_judges_in_waves(tmp_path):
+    """A unit of more samples than the judge instance holds runs in waves of what it holds: two
+    full waves cost twice one, and one sample past a full wave pays a whole verdict decode."""
+    from aspc.backends.sim.pricing import JUDGE_VERDICT_TOKENS
+
+    plan = _plans(tmp_path, judge=_with_judge(_grpo_7b_source()))["judge"]
+    pricing = RooflinePricing(plan)
+    stage = plan.stage("score")
+    engine, room = pricing.judge_engine(stage, "rm", 1000 + JUDGE_VERDICT_TOKENS)
+    assert 1 < room < 4096
+
+    def judged(n):
+        return pricing.judge(stage, "rm", "", [1000] * n).seconds
+
+    assert judged(2 * room) == pytest.approx(2 * judged(room))
+    assert judged(room + 1) - judged(room) > JUDGE_VERDICT_TOKENS * engine.beta(1)
+
+
+def _on_learner(source: str, pool: str, layout: str) -> str:
+    return source.replace("model ref = frozen(actor)", "model ref = frozen(actor)\nmodel rm = qwen2.5-7b").replace(
+        'reward(gen, rule = "math_verify")', f"reward(gen, model = rm) on {pool} {{ {layout} }}")
+
+
+def test_a_reward_model_on_the_learner_pool_serializes_with_training(tmp_path):
+    """Colocated with the trainer, the reward model's units run on the trainer's executor, one item
+    at a time: its spans are on the learner track, never overlapping training there."""
+    plans = _plans(tmp_path, rule=_grpo_7b_source(), rm=_on_learner(_grpo_7b_source(), "learner", "tp = 4, dp = 2"))
+    rule, rm = (simulate(plans[n], 3, RooflinePricing(plans[n])) for n in ("rule", "rm"))
+    assert rm.devices == rule.devices and set(rm.pools) == {"rollout", "learner"}
+    scoring = [s for s in rm.spans if s.label.startswith("reward step")]
+    assert scoring and {s.track for s in scoring} == {"learner"}
+    learner = sorted((s.start, s.end) for s in rm.spans if s.track == "learner" and s.category == "useful")
+    assert all(a_end <= b_start + 1e-9 for (_, a_end), (b_start, _) in zip(learner, learner[1:]))
+    assert rm.step_time >= rule.step_time
+    assert rm.pool_share("learner") > rule.pool_share("learner")
+
+
+def test_a_reward_model_on_a_time_shared_pool_waits_for_the_switch(tmp_path):
+    """On grpo_7b_colocated the reward model shares the pool generation time-shares with the
+    trainer: it scores only after the controller hands the pool to the learner (SwitchPool)."""
+    from aspc.drivers.sim.driver import Simulation
+
+    text = (ROOT / "pipelines" / "grpo_7b_colocated.aspl").read_text().replace(
+        'jsonl("data/math.jsonl")', 'synthetic("arith")')
+    plan = _plans(tmp_path, rm=_on_learner(text, "npu", "tp = 4, dp = 4"))["rm"]
+    sim = Simulation(plan, 2, RooflinePricing(plan))
+    sim.run()
+    scoring = [s for s in sim.ledger.spans if s.label.startswith("reward step")]
+    assert scoring and {s.track for s in scoring} == {"npu"}
+    marks = sim.modes["npu"] + [(sim.now, "end")]
+    learning = [(a, b) for (a, mode), (b, _) in zip(marks, marks[1:]) if mode == "learn"]
+    assert learning and all(any(a <= s.start and s.end <= b + 1e-9 for a, b in learning) for s in scoring)
+
+
+def test_a_judge_is_no_longer_refused_and_prints_its_pools_share(aspc, tmp_path):
+    path = tmp_path / "judge.aspl"
+    path.write_text(_with_judge(_grpo_7b_source()))
+    result = aspc("simulate", str(path), "--steps", "1", "--schedule", "sync")
+    assert result.exit_code == 0, result.output
+    pools = next(line for line in result.stdout.splitlines() if line.strip().startswith("pools"))
+    assert "judges 8 dev" in pools and "rollout 8 dev" in pools and "learner 8 dev" in pools
+    result = aspc("simulate", str(path), "--steps", "1", "--compare")
+    assert result.exit_code == 0, result.output
+    assert "busy device-time by pool" in result.stdout and result.stdout.count("judges 8 dev") == 3
+
+
 def test_stages_the_simulator_cannot_price_are_refused_at_their_line(aspc, tmp_path):
-    """An environment or an LLM judge would otherwise be free: same step time as a rule reward."""
+    """An environment would otherwise be free: same step time as a rule reward."""
     source = _grpo_7b_source()
-    judge = _with_reward_model(source).replace("reward(gen, model = rm)",
-                                               'reward(gen, sources = [judge(model = rm, prompt = "grade it")])')
     env = source.replace('stage score  = reward(gen, rule = "math_verify")',
                          'stage env = environment(gen) { tools = [tool("calc", python = "tools:calc")], '
                          'max_turns = 3 }\n'
                          'stage score  = reward(env, rule = "math_verify")').replace(
         "train(actor, gen, ref_lp, adv)", "train(actor, env, ref_lp, adv)")
     (tmp_path / "tools.py").write_text("def calc(expression: str) -> str:\n    return expression\n")
-    for name, text, what in (("judge", judge, "judge(...) reward sources"), ("env", env, "environment stages")):
-        path = tmp_path / f"{name}.aspl"
-        path.write_text(text)
-        result = aspc("simulate", str(path), "--steps", "1")
-        assert result.exit_code == 1, result.output
-        assert f"{name}.aspl:" in result.output and f"no driver executes or prices {what}" in result.output
-        assert "never counted as free" in result.output and "Traceback" not in result.output
+    path = tmp_path / "env.aspl"
+    path.write_text(env)
+    result = aspc("simulate", str(path), "--steps", "1")
+    assert result.exit_code == 1, result.output
+    assert "env.aspl:" in result.output and "no driver executes or prices environment stages" in result.output
+    assert "never counted as free" in result.output and "Traceback" not in result.output

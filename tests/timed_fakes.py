@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aspc.backends.sim.instance import GenInstance
+from aspc.controller.kinds import rule_for
 from aspc.costmodel.learner import WorkCost
 from aspc.costmodel.workload import sample_step
 
@@ -20,7 +21,7 @@ OPTIMIZER = 1.5 + 2 ** -14
 PUBLISH = 0.5 + 2 ** -13
 SWITCH = 0.625 + 2 ** -15  # a time-shared pool changing hands
 FIXED = {"reference": 0.75 + 2 ** -16, "critic": 0.875 + 2 ** -17, "reward": 1.25 + 2 ** -18,
-         "train": 2.5 + 2 ** -19}
+         "train": 2.5 + 2 ** -19, "judge": 1.75 + 2 ** -20}
 PER_TOKEN = 2 ** -12
 
 
@@ -73,7 +74,8 @@ class FakePricing:
         return LOAD
 
     def work(self, work, stage, token_lengths):
-        seconds = work_seconds(work.kind, sum(token_lengths))
+        judged = rule_for(stage).role == "judge"  # an LLM judge's verdicts: its own duration
+        seconds = work_seconds("judge" if judged else work.kind, sum(token_lengths))
         return WorkCost(seconds, seconds, 0.0, 0.0)
 
     def optimizer(self) -> float:
@@ -168,6 +170,14 @@ class FakeForwardModel:
         self.time.sleep(work_seconds(self.kind, sum(r.tokens for r in rollouts)))
 
 
+class FakeJudge:
+    def __init__(self, time):
+        self.time = time
+
+    def judge(self, rollouts) -> None:
+        self.time.sleep(work_seconds("judge", sum(r.tokens for r in rollouts)))
+
+
 @dataclass
 class Prompt:
     ids: list
@@ -208,6 +218,9 @@ class FakeExecutors:
 
     def forward_model(self, stage: str, instance: int) -> FakeForwardModel:
         return FakeForwardModel(self.time, self.plan.stage(stage).kind)
+
+    def judge(self, stage: str, instance: int) -> FakeJudge:
+        return FakeJudge(self.time)
 
     def switch_pool(self, pool: str, mode: str) -> None:
         self.time.sleep(SWITCH)

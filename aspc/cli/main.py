@@ -233,6 +233,36 @@ def run(file, backend, runtime, address, steps, warmstart_steps, seed, metrics_p
     run_training(request, plan, executors)
 
 
+@main.command("train-rm")
+@click.argument("file", type=_SOURCE)
+@click.option("--model", "model_name", required=True, help="The model declaration of FILE to fit (its shape).")
+@click.option("--data", "data_path", required=True, type=click.Path(dir_okay=False),
+              help='Preference pairs, JSONL rows {"prompt", "chosen", "rejected"}.')
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Where to write the reward model (safetensors).")
+@click.option("--steps", type=click.IntRange(1, 1_000_000), default=1500, show_default=True,
+              help="Bradley-Terry optimizer steps (batches of 64 pairs).")
+@click.option("--sft-steps", type=click.IntRange(0, 1_000_000), default=400, show_default=True,
+              help="Supervised steps on the chosen responses first, as RLHF starts its reward model from "
+                   "the supervised model (0: from the seed).")
+@click.option("--lr", type=click.FloatRange(0, min_open=True), default=1e-3, show_default=True)
+@click.option("--held-out", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.1,
+              show_default=True, help="Fraction of the pairs held out to measure pairwise accuracy.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Initialisation, split and batch seed.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=_SET_HELP)
+def train_rm(file, model_name, data_path, output, steps, sft_steps, lr, held_out, seed, overrides) -> None:
+    """Fit the reward model MODEL of FILE on preference pairs (Bradley-Terry loss) and write its
+    weights; model(MODEL) reward sources then load them from the model's `checkpoint` option."""
+    from aspc.backends.cpu.reward_model import RewardModelError, train_reward_model
+
+    plan = _plan(_compile(file, overrides, None, None, None, False), None)
+    try:
+        train_reward_model(plan, model_name, Path(data_path), Path(output), steps, lr, held_out, seed, click.echo,
+                           sft_steps)
+    except RewardModelError as error:
+        raise click.ClickException(f"{file}: {error}") from None
+
+
 def _run_ascend(file, overrides, schedule, pipeline, dry_run) -> None:
     from aspc.backends.ascend.executors import AscendUnavailable, require_npu
     from aspc.backends.ascend.launch import launch_script

@@ -21,7 +21,7 @@ class KindRule:
     dispatched: bool  # requests are routed to the stage's instances by a dispatch policy
     streamed: bool  # runs once per streamed unit of whole groups (else: per request)
     packed: bool  # its units are packed into micro-batches (the pack pass's shapes)
-    priced_as: str  # the simulator: "decode" | "forward" | "train" | "host" (no device time)
+    priced_as: str  # the simulator: "decode" | "forward" | "judge" | "train" | "host" (no device time)
     refused: str = ""  # why no driver executes or prices it yet ("" when it runs)
 
 
@@ -38,8 +38,11 @@ RULES: dict[str, KindRule] = {r.kind: r for r in (
 
 # A reward stage's rule depends on its sources: a model() source scores on the stage's pool.
 _REWARD_MODEL = KindRule("reward", "samples", "rewards", "forward_model", False, True, False, "forward")
-_JUDGE = KindRule("reward", "samples", "rewards", "judge", True, True, False, "decode",
-                  refused="judge(...) reward sources (an LLM judge generates; the reward-model and judge issue, 12)")
+# A judge(...) source generates a verdict per sample on the stage's pool: a prefill of rubric,
+# prompt and response and a short decode (backends/sim/pricing.py, RooflinePricing.judge). Its
+# units go to a free executor of the stage like a reward model's (no dispatch policy routes them).
+_JUDGE = KindRule("reward", "samples", "rewards", "judge", False, True, False, "judge")
+JUDGE_VERDICT_TOKENS = 64  # what a judge decodes per sample: a verdict or a score with a short reason
 
 
 def rule_for(stage: StagePlan) -> KindRule | None:
@@ -59,8 +62,7 @@ def refusals(plan: ExecutionPlan) -> list[StageRefusal]:
     for stage in plan.stages:
         rule = rule_for(stage)
         if rule is not None and rule.refused:
-            hint = ("leave the environment stage out until agentic RL lands" if stage.kind == "environment"
-                    else "score with rule(...), python(...) or model(...) sources until judges land")
+            hint = "leave the environment stage out until agentic RL lands" if stage.kind == "environment" else ""
             found.append(StageRefusal(stage.name, f"stage '{stage.name}': no driver executes or prices "
                                                   f"{rule.refused} yet, and they are never counted as free", hint))
     for kind in ("generate", "train"):

@@ -36,6 +36,8 @@ class ModelPlan:
     dtype: str
     arch: ModelArch
     frozen_of: str | None
+    # weights to load (a path relative to the .aspl file): "" (initialised from a seed) is not written
+    checkpoint: str = dataclasses.field(default="", metadata={"omit_if_default": True})
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,8 @@ def jsonable(value: Any) -> Any:
     """Plan dataclasses -> JSON values; Call values in their IR JSON form."""
     if dataclasses.is_dataclass(value) and not isinstance(value, Call):
         return {f.name: ({k: jsonable(v) for k, v in getattr(value, f.name)} if f.name in _PAIR_FIELDS
-                         else jsonable(getattr(value, f.name))) for f in dataclasses.fields(value)}
+                         else jsonable(getattr(value, f.name))) for f in dataclasses.fields(value)
+                if not (f.metadata.get("omit_if_default") and getattr(value, f.name) == f.default)}
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
     return encode(value)
@@ -300,7 +303,7 @@ def _plan(graph: StageGraph, passes: str, stages: list[Stage]) -> ExecutionPlan:
         pipeline=graph.pipeline, schedule=graph.schedule.kind, passes=passes,
         staleness=max((c.staleness for c in channels), default=0),
         pools=tuple(PoolPlan(p.name, p.hardware.name, p.count) for _, p in sorted(graph.pools.items())),
-        models=tuple(ModelPlan(m.name, m.preset, m.dtype, m.arch, m.frozen_of)
+        models=tuple(ModelPlan(m.name, m.preset, m.dtype, m.arch, m.frozen_of, m.checkpoint)
                      for _, m in sorted(graph.models.items())),
         data=tuple(DataPlan(d.name, d.source, d.location, d.prompts_per_step, d.group, d.max_prompt,
                             d.max_response, d.seed, d.response_lengths, d.prompt_lengths)

@@ -11,6 +11,7 @@ from typing import Any
 from aspc.ir.facts import DTYPE_BYTES, ModelArch
 from aspc.plan.execution_plan import ExecutionPlan, StagePlan, WeightSyncPlan
 from aspc.backends.ascend.groups import process_groups
+from aspc.controller.kinds import JUDGE_VERDICT_TOKENS
 from aspc.backends.ascend.topology import Device, device, pool_offsets, visible_devices
 
 LAUNCH_VERSION = 1
@@ -18,7 +19,6 @@ HCCL_ENV = {"HCCL_CONNECT_TIMEOUT": "1200", "HCCL_EXEC_TIMEOUT": "1800", "HCCL_B
 ALLOC_ENV = {"PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True"}
 MEGATRON_KINDS = ("train", "reference", "critic")
 BASE_PORT = 29500
-JUDGE_VERDICT_TOKENS = 16  # a judge engine's decode budget: a verdict or a score, not an essay
 JUDGE_RUBRIC_TOKENS = 1024  # room for the rubric around the prompt and the response
 
 

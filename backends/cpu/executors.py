@@ -13,7 +13,9 @@ from aspc.backends.cpu.data import DataError, Prompt, PromptSource
 from aspc.backends.cpu.generator import BatchGenerator
 from aspc.backends.cpu.learner import Learner, Rollout, TrainSettings
 from aspc.backends.cpu.model import TinyQwen
-from aspc.backends.cpu.rewards import RewardError, build_reward
+from aspc.backends.cpu.reward_model import (TRAIN_HINT, RewardScorer, Shaping, build_terms, checkpoint_path,
+                                            load_reward_model)
+from aspc.backends.cpu.rewards import RewardError, build_reward, exact_match
 from aspc.algorithms.slots import default_slots
 from aspc.backends.cpu.threads import use_threads
 from aspc.backends.cpu.warmstart import warm_start
@@ -39,7 +41,14 @@ class CpuExecutors:
         self.prompts = PromptSource(self.data.source, self.data.location, self.data.seed,
                                     self.data.max_response, base_dir)
         self.actor = TinyQwen(plan.model(self.train_stage.model).arch, seed=seed)
-        self.reward_fn = build_reward(dict(plan.stages_of("reward")[0].options)["sources"], base_dir)  # fails early
+        sources = dict(plan.stages_of("reward")[0].options)["sources"]
+        self.reward_models = self._load_reward_models()  # fails early: a missing checkpoint, a bad file
+        # A rule or python reward runs in the learner; a stage with model(...) sources runs on its own
+        # executor (forward_model), and the task's verifier measures accuracy, never the learned reward.
+        learned = any(source.func == "model" for source in sources)
+        self.reward_fn = build_reward([] if learned else sources, base_dir)
+        self.verifier = build_reward([s for s in sources if s.func != "model"], base_dir) if learned else None
+        self.scorers: dict[tuple[str, int], RewardScorer] = {}
         self.learner = None
 
     @staticmethod
@@ -71,8 +80,17 @@ class CpuExecutors:
             self.learner = Learner(self.actor, self._reference(), self._critic(), self._settings(), self.reward_fn)
         return self.learner
 
-    def forward_model(self, stage: str, instance: int):
-        raise NotImplementedError(f"stage '{stage}': the CPU backend runs no reward model (refused before the run)")
+    def forward_model(self, stage: str, instance: int) -> RewardScorer:
+        """Instance `instance` of reward stage `stage` (model(...) sources): its own copy of each reward
+        model, so instances on different threads share no module."""
+        key = (stage, instance)
+        if key not in self.scorers:
+            sources = dict(self.plan.stage(stage).options)["sources"]
+            models = {name: copy.deepcopy(model) for name, model in self.reward_models.items()}
+            settings = self._settings()
+            shaping = Shaping(settings.overlong if settings.loss == "dapo" else 0, settings.max_tokens)
+            self.scorers[key] = RewardScorer(build_terms(sources, models, self.base_dir), shaping)
+        return self.scorers[key]
 
     def switch_pool(self, pool: str, mode: str) -> None:
         """A time-shared pool changes hands: CPU threads share memory, so nothing moves."""
@@ -82,11 +100,14 @@ class CpuExecutors:
                        prompt.metadata, key=sample)
 
     def accuracy(self, count: int = 128) -> float:
-        """Greedy reward of the current policy on held-out prompts."""
+        """Greedy reward of the current policy on held-out prompts: of the stage's rule and python
+        sources; with a learned reward (model(...) sources), of its rule and python sources if it has
+        any, else of the task's verifier (exact match with the data's answers)."""
         from aspc.backends.cpu.evaluate import greedy_accuracy
 
-        return greedy_accuracy(self.actor, self.prompts, self.reward_fn, count,
-                               dict(self.gen_stage.options)["max_tokens"])
+        measure = self.reward_fn if self.verifier is None else (self.verifier if self.verifier.sources
+                                                                 else exact_match)
+        return greedy_accuracy(self.actor, self.prompts, measure, count, dict(self.gen_stage.options)["max_tokens"])
 
     # ---- checkpoints ----
     @staticmethod
@@ -101,6 +122,17 @@ class CpuExecutors:
     step_folders = staticmethod(checkpoint.step_folders)
 
     # ---- building ----
+    def _load_reward_models(self) -> dict:
+        """The reward models model(...) sources name, each loaded once from its checkpoint."""
+        models = {}
+        for stage in self.plan.stages_of("reward"):
+            for source in dict(stage.options)["sources"]:
+                name = source.get("model") if source.func == "model" else None
+                if name is not None and name not in models:
+                    model = self.plan.model(name)
+                    models[name] = load_reward_model(model.arch, checkpoint_path(model.checkpoint, self.base_dir), name)
+        return models
+
     def _reference(self):
         stages = self.plan.stages_of("reference")
         if not stages:
@@ -141,8 +173,14 @@ def unsupported_stages(plan: ExecutionPlan) -> list[StageRefusal]:
                                                   "environment stages (agentic RL) yet",
                                       "run the pipeline without the environment stage"))
         for source in dict(stage.options).get("sources", ()) if stage.kind == "reward" else ():
-            if source.func not in ("rule", "python"):
+            if source.func not in ("rule", "python", "model"):
                 found.append(StageRefusal(stage.name, f"stage '{stage.name}': the CPU backend does not execute "
-                                                      f"{source.func}(...) reward sources yet",
-                                          "use rule(...) or python(...) sources"))
+                                                      f"{source.func}(...) sources yet",
+                                          "use rule(...), python(...) or model(...) sources"))
+            elif source.func == "model" and not plan.model(source.get("model")).checkpoint:
+                found.append(StageRefusal(stage.name, f"stage '{stage.name}': reward model "
+                                                      f"'{source.get('model')}' has no weights: the CPU backend "
+                                                      "scores with a trained reward model only",
+                                          f"add checkpoint = \"PATH\" to model {source.get('model')}; "
+                                          f"{TRAIN_HINT}"))
     return found

@@ -23,6 +23,8 @@ from aspc.drivers.local.threads import threads_per_worker
 from aspc.drivers.local.virtual_time import RealTime
 from aspc.drivers.local.workers import ExecutorWorker, GenerationWorker, WorkerFailed, trainer_runners
 
+SCORERS = ("forward_model", "judge")  # executor roles that score units on their own model
+
 
 @dataclass
 class RunOptions:
@@ -108,16 +110,23 @@ class LocalRuntime:
         roles = {s.name: s.role for s in self.config.forward_stages}
         hosted = dict(spec.hosts)  # stage -> one instance index of it on these devices
         if self.config.train_stage not in hosted:
-            runners = {stage: self.executors.forward_model(stage, index).score for stage, index in hosted.items()}
+            runners = {stage: self._scorer(roles.get(stage), stage, index) for stage, index in hosted.items()}
             return ExecutorWorker(spec.name, runners, self._rollouts, self.events, self.clock)
         saver = self._save if self.options.checkpoint_dir else None
         worker = ExecutorWorker("learner", {}, self._rollouts, self.events, self.clock, self.learner, self.weights,
                                 self.step_metrics, saver, self.executors.switch_pool)
-        trained = {stage: kinds[stage] for stage in hosted if roles.get(stage) != "forward_model"}
+        trained = {stage: kinds[stage] for stage in hosted if roles.get(stage) not in SCORERS}
         worker.runners = trainer_runners(worker, trained)
-        worker.runners.update({stage: self.executors.forward_model(stage, hosted[stage]).score
-                               for stage in hosted if roles.get(stage) == "forward_model"})
+        worker.runners.update({stage: self._scorer(roles[stage], stage, hosted[stage])
+                               for stage in hosted if roles.get(stage) in SCORERS})
         return worker
+
+    def _scorer(self, role: str | None, stage: str, index: int):
+        """The call that scores a unit of a stage on its own model: a reward model's forward pass
+        (`ForwardModel.score`) or an LLM judge's verdicts (`Judge.judge`)."""
+        if role == "judge":
+            return self.executors.judge(stage, index).judge
+        return self.executors.forward_model(stage, index).score
 
     def _warm_start(self) -> None:
         """Before the workers exist the main thread may use every core it is given."""

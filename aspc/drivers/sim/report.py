@@ -17,7 +17,15 @@ def summary(r: SimResult) -> str:
         f"  samples/s   {r.samples_per_s:10.2f}",
         f"  staleness   {stale}",
         f"  bubbles     {bubbles}",
+        f"  pools       {pool_shares(r)}",
     ]) + "\n"
+
+
+def pool_shares(r: SimResult) -> str:
+    """Each pool's share of the busy device-seconds and how busy its own devices are, e.g.
+    `rollout 8 dev 61.0% (util 80.2%)`: a reward model's or a judge's pool shows what scoring costs."""
+    return "  ".join(f"{pool} {devices} dev {100 * r.pool_share(pool):.1f}% "
+                     f"(util {100 * r.pool_utilization(pool):.1f}%)" for pool, (devices, _) in r.pools.items())
 
 
 def compare_table(results: list[SimResult]) -> str:
@@ -32,6 +40,9 @@ def compare_table(results: list[SimResult]) -> str:
         rows.append(f"| {r.schedule} | {r.step_time:.2f} | {r.e2e_tps:.1f} | {r.samples_per_s:.2f} | {vs_sync} | "
                     f"{vs_naive} | {100 * r.efficiency:.1f}% | "
                     + " | ".join(f"{100 * r.share(c):.1f}%" for c in CATEGORIES) + f" | {stale} |")
+    rows.append("")
+    rows.append("busy device-time by pool (share of all busy device-seconds; util: busy / the pool's devices x wall):")
+    rows += [f"  {r.schedule:<10}  {pool_shares(r)}" for r in results]
     return "\n".join(rows) + "\n"
 
 

@@ -20,6 +20,7 @@ class SimResult:
     bubbles: dict[str, float]  # device-seconds per category; they sum to devices x wall
     staleness: dict[int, int]
     spans: list = field(default_factory=list)
+    pools: dict[str, tuple[int, float]] = field(default_factory=dict)  # pool -> (devices, busy device-seconds)
 
     @property
     def step_time(self) -> float:
@@ -46,6 +47,17 @@ class SimResult:
     def share(self, category: str) -> float:
         return self.bubbles[category] / sum(self.bubbles.values())
 
+    def pool_share(self, pool: str) -> float:
+        """The pool's part of all busy device-seconds (generation, learner-side work, weight
+        transfers and pool switches): what its stages cost the cluster."""
+        total = sum(busy for _, busy in self.pools.values())
+        return self.pools[pool][1] / total if total else 0.0
+
+    def pool_utilization(self, pool: str) -> float:
+        """The pool's busy device-seconds over its devices x wall time."""
+        devices, busy = self.pools[pool]
+        return busy / (devices * self.wall_s) if devices and self.wall_s else 0.0
+
 
 def collect(sim: Simulation) -> SimResult:
     wall = sim.now
@@ -53,13 +65,29 @@ def collect(sim: Simulation) -> SimResult:
     _account_switches(sim)
     _account_instances(sim, wall)
     _account_learners(sim, wall)
+    pools = _pool_busy(sim, wall)
     bubbles = sim.ledger.close(devices * wall)
     samples = [sim._sample(step, p, g) for step in range(sim.steps)
                for p in range(sim.data.prompts_per_step) for g in range(sim.data.group)]
     return SimResult(sim.plan.pipeline, sim.plan.schedule, sim.steps, devices, wall,
                      sim.data.samples_per_step, sum(s.prompt_len for s in samples) / len(samples),
                      sum(s.response_len for s in samples) / len(samples), bubbles,
-                     dict(sorted(sim.controller.staleness.items())), sim.ledger.spans)
+                     dict(sorted(sim.controller.staleness.items())), sim.ledger.spans, pools)
+
+
+def _pool_busy(sim: Simulation, wall: float) -> dict[str, tuple[int, float]]:
+    """Busy device-seconds per pool, in the plan's pool order: generation instances' segments
+    (prefill, decode, padding, weight loads), learner-side executors' items (reward model, judge,
+    reference, critic, train, optimizer, publish) and a time-shared pool's switches."""
+    busy = {p.name: 0.0 for p in sim.plan.pools}
+    for inst in sim.instances:
+        busy[sim.gen_stage.pool] += sum(min(b, wall) - a for a, b, _ in inst.segments if b > a and a < wall) \
+            * inst.devices
+    for ex in sim.executors:
+        busy[ex.spec.pool] += sum(min(b, wall) - a for a, b in ex.busy if a < wall) * ex.devices
+    for start, end, pool in sim.switch_spans:
+        busy[pool] += max(0.0, min(end, wall) - start) * sim.plan.pool(pool).count
+    return {p.name: (p.count, busy[p.name]) for p in sim.plan.pools}
 
 
 def _mode_intervals(sim: Simulation, pool: str, wanted) -> list[tuple[float, float]]:
