@@ -1,6 +1,7 @@
 """The `aspc` command line. The one place that wires the front end, passes, plan and emitters."""
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -401,5 +402,15 @@ def _sources(file: str, overrides: tuple[str, ...]) -> dict[str, str]:
     return sources
 
 
+def entry() -> None:
+    """The `aspc` console script. Once the command is over (click exits with SystemExit), a Ctrl-C
+    that lands while the interpreter shuts down (threads, torch) changes nothing: without this the
+    process dies by SIGINT after its work is done and saved."""
+    try:
+        main()
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 if __name__ == "__main__":
-    main()
+    entry()
