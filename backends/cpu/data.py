@@ -52,11 +52,13 @@ def _encode(text: str, file: str, line: int) -> list[int]:
         raise DataError(f"{file}:{line}: {error}; the CPU backend's tokenizer covers the built-in tasks only") from None
 
 
-def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
+def json_objects(path: Path, what: str) -> list[tuple[int, dict]]:
+    """(line number, object) of each non-blank line of a JSONL file; a file that cannot be read, or
+    a line that is not a JSON object, is a DataError naming the file and line."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as error:
-        raise DataError(f"{path}: cannot read the data file: {error.strerror}") from None
+        raise DataError(f"{path}: cannot read the {what}: {error.strerror}") from None
     except UnicodeDecodeError:
         raise DataError(f"{path}: not UTF-8 text") from None
     rows = []
@@ -67,13 +69,21 @@ def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
             row = json.loads(text)
         except json.JSONDecodeError as error:
             raise DataError(f"{path}:{number}: not valid JSON ({error.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{number}: each line must be a JSON object")
+        rows.append((number, row))
+    return rows
+
+
+def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
+    rows = json_objects(path, "data file")
+    for number, row in rows:
+        if not isinstance(row.get("prompt"), str):
             raise DataError(f'{path}:{number}: each line needs a string "prompt" field')
         if "answer" in row and not isinstance(row["answer"], str):
             raise DataError(f'{path}:{number}: "answer" must be a string')
         if "metadata" in row and not isinstance(row["metadata"], dict):
             raise DataError(f'{path}:{number}: "metadata" must be an object')
-        rows.append((number, row))
     if not rows:
         raise DataError(f"{path}: the file has no rows")
     return rows

@@ -9,7 +9,6 @@ through the reward functions of rewards.py, with the learner's overlong shaping.
 """
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from aspc.backends.cpu.batching import make_batch
 from aspc.backends.cpu.checkpoint import CheckpointError
-from aspc.backends.cpu.data import DataError
+from aspc.backends.cpu.data import DataError, json_objects
 from aspc.backends.cpu.losses import overlong_penalty
 from aspc.backends.cpu.model import TinyQwen
 from aspc.backends.cpu.rewards import RULES, RewardError, load_callable
@@ -137,21 +136,9 @@ class Pair:
 def read_pairs(path: Path) -> list[Pair]:
     """JSONL rows {"prompt", "chosen", "rejected"} (strings), tokenized as the policy sees them:
     BOS + prompt, response + EOS. A bad row is a DataError naming the file and line."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as error:
-        raise DataError(f"{path}: cannot read the preference file: {error.strerror}") from None
-    except UnicodeDecodeError:
-        raise DataError(f"{path}: not UTF-8 text") from None
     pairs = []
-    for number, text in enumerate(lines, start=1):
-        if not text.strip():
-            continue
-        try:
-            row = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise DataError(f"{path}:{number}: not valid JSON ({error.msg})") from None
-        if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("prompt", "chosen", "rejected")):
+    for number, row in json_objects(path, "preference file"):
+        if not all(isinstance(row.get(k), str) for k in ("prompt", "chosen", "rejected")):
             raise DataError(f'{path}:{number}: each line needs string "prompt", "chosen" and "rejected" fields')
         try:
             pairs.append(Pair([BOS] + encode(row["prompt"]), encode(row["chosen"]) + [EOS],
