@@ -53,7 +53,11 @@ class ForwardModel(Protocol):
 
 
 class Judge(Protocol):
-    def judge(self, rollouts: list) -> None: ...  # generates a verdict per rollout, sets its reward
+    """Generates a verdict per rollout and sets its reward; raises when a call fails. The driver
+    calls it under the source's failure policy (aspc/controller/scoring.py), one call per sample,
+    on copies: a failed sample gets the fallback reward and `masked = True`."""
+
+    def judge(self, rollouts: list) -> None: ...
 
 
 class ToolRunner(Protocol):

@@ -14,9 +14,8 @@ from aspc.backends.cpu.reward_model import load_reward_model, pairwise_accuracy,
 from aspc.backends.cpu.rewards import exact_match
 from aspc.backends.cpu.tokenizer import BOS, EOS, encode
 from aspc.cli.main import main
-from aspc.drivers.local.runtime import LocalRuntime, RunOptions
 from aspc.plan.toolchain import compile_with_passes
-from conftest import ROOT
+from conftest import ROOT, verified_accuracy_over_a_run
 
 PIPELINE = ROOT / "pipelines" / "tiny_rlhf.aspl"
 DATA = ROOT / "pipelines" / "data"
@@ -120,36 +119,23 @@ def test_a_missing_reward_model_checkpoint_is_a_clear_error(tmp_path):
     assert result.exit_code == 1 and "nowhere/rm.safetensors does not exist" in result.output
     (tmp_path / "nowhere").mkdir()
     (tmp_path / "nowhere/rm.safetensors").write_text("not weights")
-    with pytest.raises(CheckpointError, match="cannot load the reward model checkpoint"):
+    with pytest.raises(CheckpointError, match="reward model: cannot load the checkpoint"):
         CpuExecutors(rlhf_plan(tmp_path, checkpoint="nowhere/rm.safetensors")[1], tmp_path)
 
 
-def test_judge_sources_are_still_refused_and_a_reward_model_needs_weights(tmp_path):
+def test_a_reward_model_needs_weights(tmp_path):
     from aspc.backends.cpu.executors import unsupported_stages
 
     text = PIPELINE.read_text().replace('  checkpoint = "data/tiny_rm.safetensors"\n', "")
     (tmp_path / "p.aspl").write_text(text)
     [refusal] = unsupported_stages(compile_with_passes(tmp_path / "p.aspl", []).plan())
     assert "reward model 'rm' has no weights" in refusal.message and "aspc train-rm" in refusal.hint
-    (tmp_path / "j.aspl").write_text(PIPELINE.read_text().replace(
-        "reward(gen, model = rm)", 'reward(gen, sources = [judge(rm, prompt = "Is it right?")])'))
-    messages = [r.message for r in unsupported_stages(compile_with_passes(tmp_path / "j.aspl", []).plan())]
-    assert any("the CPU backend does not execute judge(...) sources yet" in m for m in messages)
-
-
-RL_STEPS, WARMSTART = 40, 200
 
 
 def test_rlhf_from_the_learned_reward_raises_verified_accuracy():
     """The acceptance test: the policy is rewarded by the reward model alone, and its greedy
     held-out accuracy by the task's verifier (which it never sees) rises over the warm start."""
-    plan = compile_with_passes(PIPELINE, []).plan()
-    runtime = LocalRuntime(plan, ROOT / "pipelines", RunOptions(steps=RL_STEPS, warmstart_steps=WARMSTART, seed=0),
-                           CpuExecutors)
-    runtime.build()
+    before, after, result, runtime = verified_accuracy_over_a_run(PIPELINE, steps=40)
     assert runtime.executors.reward_fn.sources == ()  # the learner holds no reward: the judges pool scores
-    before = runtime.accuracy(256)
-    result = runtime.run()
-    after = runtime.accuracy(256)
-    assert len(result.metrics) == RL_STEPS
+    assert len(result.metrics) == 40
     assert after > before + 0.03, f"greedy verified accuracy {before:.3f} -> {after:.3f}"

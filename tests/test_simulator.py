@@ -214,6 +214,18 @@ def test_a_judge_bounded_by_kv_room_judges_in_waves(tmp_path):
     assert judged(room + 1) - judged(room) > JUDGE_VERDICT_TOKENS * engine.beta(1)
 
 
+def test_a_judges_concurrency_caps_the_verdicts_priced_at_once(tmp_path):
+    """`concurrency` calls in flight: a unit of 4 x 8 samples with concurrency 8 costs four waves of 8."""
+    plan = _plans(tmp_path, judge=_with_judge(_grpo_7b_source()))["judge"]
+    pricing, stage = RooflinePricing(plan), plan.stage("score")
+
+    def judged(n, concurrency=None):
+        return pricing.judge(stage, "rm", "", [1000] * n, concurrency).seconds
+
+    assert judged(32, concurrency=8) == pytest.approx(4 * judged(8))
+    assert judged(32, concurrency=8) > judged(32) and judged(32, concurrency=10_000) == judged(32)
+
+
 def _on_learner(source: str, pool: str, layout: str) -> str:
     return source.replace("model ref = frozen(actor)", "model ref = frozen(actor)\nmodel rm = qwen2.5-7b").replace(
         'reward(gen, rule = "math_verify")', f"reward(gen, model = rm) on {pool} {{ {layout} }}")

@@ -101,6 +101,8 @@ class Finished:
 class Rollout:
     key: tuple
     tokens: int
+    reward: float = 0.0  # what a judge or a reward model sets (the roles' contract)
+    task_reward: float = 0.0
 
 
 class FakeEngine:

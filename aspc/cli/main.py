@@ -264,6 +264,39 @@ def train_rm(file, model_name, data_path, output, steps, sft_steps, lr, held_out
         raise click.ClickException(f"{file}: {error}") from None
 
 
+@main.command("train-judge")
+@click.argument("file", type=_SOURCE)
+@click.option("--model", "model_name", required=True, help="The model declaration of FILE to warm-start (its shape).")
+@click.option("--data", "data_path", required=True, type=click.Path(dir_okay=False),
+              help='Verifier-labelled pairs, JSONL rows {"prompt", "chosen", "rejected"}: chosen is right, '
+                   "rejected wrong.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Where to write the judge (safetensors).")
+@click.option("--steps", type=click.IntRange(1, 1_000_000), default=4000, show_default=True,
+              help="Judging steps (batches of 32 pairs: 64 labelled answers).")
+@click.option("--sft-steps", type=click.IntRange(0, 1_000_000), default=400, show_default=True,
+              help="Supervised steps on the right answers first (0: judge from the seed).")
+@click.option("--lr", type=click.FloatRange(0, min_open=True), default=3e-3, show_default=True)
+@click.option("--held-out", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.1,
+              show_default=True, help="Fraction of the pairs held out to measure agreement with the verifier.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Initialisation, split and batch seed.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=_SET_HELP)
+def train_judge_command(file, model_name, data_path, output, steps, sft_steps, lr, held_out, seed,
+                        overrides) -> None:
+    """Warm-start the LLM judge MODEL of FILE to answer "1" for a right response and "0" for a wrong
+    one (with the rubric of FILE's judge(MODEL) source) and write its weights; judge(MODEL) reward
+    sources then load them from the model's `checkpoint` option."""
+    from aspc.backends.cpu.judge import train_judge
+    from aspc.backends.cpu.reward_model import RewardModelError
+
+    plan = _plan(_compile(file, overrides, None, None, None, False), None)
+    try:
+        train_judge(plan, model_name, Path(data_path), Path(output), steps, sft_steps, lr, held_out, seed,
+                    click.echo)
+    except RewardModelError as error:
+        raise click.ClickException(f"{file}: {error}") from None
+
+
 def _run_ascend(file, overrides, schedule, pipeline, dry_run) -> None:
     from aspc.backends.ascend.executors import AscendUnavailable, require_npu
     from aspc.backends.ascend.launch import launch_script

@@ -228,6 +228,10 @@ def _report(result, runtime, metrics: Path, trace_path, plan) -> None:
                f"{first:.3f} over the first {window} steps -> {final:.3f} over the last {window}")
     shares = bubble_shares(result.spans, result.wall_s)
     click.echo("worker time: " + "  ".join(f"{c} {100 * v:.1f}%" for c, v in shares.items()))
+    failed = sum(m.get("score_failed", 0) for m in rows)
+    if failed:
+        click.echo(f"judge: {failed} of {sum(m.get('samples', 0) for m in rows)} samples had a failed call "
+                   "(fallback reward, masked from their groups; `score_failed` per step in the metrics)")
     click.echo(f"metrics: {metrics}")
     if trace_path:
         write_trace(Path(trace_path), _trace_runs(runtime, result.spans, plan))

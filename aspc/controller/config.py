@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aspc.controller.kinds import rule_for
+from aspc.controller.scoring import CallPolicy
 from aspc.plan.execution_plan import ExecutionPlan, StagePlan
 
 
@@ -19,6 +20,7 @@ class RoutedStage:
     kind: str
     role: str | None  # the executor role that runs it; None: on the host, by the driver itself
     per_group: bool = False  # scores each group as it completes (a reward model or judge on its own devices)
+    calls: CallPolicy | None = None  # a judge's calls: timeout, concurrency, fallback (scoring.py)
 
 
 @dataclass(frozen=True)
@@ -77,8 +79,8 @@ class ControllerConfig:
         routed = [s for s in plan.stages if s.kind in ("reward", "reference", "critic")]
         on_devices = [s for s in routed if rule_for(s).role is not None] + [train]
         executors = _executors(on_devices, gen)
-        forward = tuple(RoutedStage(s.name, s.kind, rule_for(s).role, _scores_as_finished(s, executors))
-                        for s in routed)
+        forward = tuple(RoutedStage(s.name, s.kind, rule_for(s).role, _scores_as_finished(s, executors),
+                                    CallPolicy.of(s)) for s in routed)
         return ControllerConfig(
             steps=steps, prompts_per_step=data.prompts_per_step, group=data.group,
             instances=len(gen.instances), staleness=plan.staleness,

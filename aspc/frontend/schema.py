@@ -51,7 +51,14 @@ CALLS: dict[str, CallSpec] = {c.func: c for c in (
     CallSpec("model", (OptionSpec("model", "ref", REQUIRED, "a reward model"), _WEIGHT),
              "a reward model scores the response (RLHF)"),
     CallSpec("judge", (OptionSpec("model", "ref", REQUIRED, "the judging LLM"),
-                       OptionSpec("prompt", "str", "", "judge instructions"), _WEIGHT),
+                       OptionSpec("prompt", "str", "", "judge instructions"), _WEIGHT,
+                       OptionSpec("read", "enum", "probability", "how the score is read: the probability "
+                                  "of a 'right' verdict, or the parsed verdict", choices=("probability", "verdict")),
+                       OptionSpec("timeout", "float", 60.0, "seconds before a judge call counts as failed",
+                                  lo=0, lo_open=True),
+                       OptionSpec("concurrency", "int", 64, "judge calls in flight per instance", lo=1),
+                       OptionSpec("fallback", "float", 0.0, "the reward of a sample whose judge call failed "
+                                  "(masked from its group's statistics)")),
              "an LLM judge scores the response (RLAIF)"),
     CallSpec("tool", (OptionSpec("name", "str", REQUIRED, "the name the model calls the tool by"),
                       OptionSpec("python", "str", "", '"module:function" to run'),

@@ -161,16 +161,19 @@ def _judge_launch(plan: ExecutionPlan, stage: StagePlan) -> StageLaunch:
     data = plan.dataset(gen.data)
     par = stage.parallel
     context = JUDGE_RUBRIC_TOKENS + data.max_prompt + data.max_response + JUDGE_VERDICT_TOKENS
+    source = next(s for s in dict(stage.options)["sources"] if s.func == "judge")
+    calls = source.get("concurrency")  # the calls in flight on one engine: its batch
     args = {
         "model": model.name, "dtype": _torch_dtype(model.dtype), "tensor_parallel_size": par.tp,
         "pipeline_parallel_size": par.pp, "data_parallel_size": par.dp, "enable_expert_parallel": par.ep > 1,
-        "max_num_seqs": 256, "max_model_len": context, "gpu_memory_utilization": 0.9, "enforce_eager": False,
+        "max_num_seqs": calls, "max_model_len": context, "gpu_memory_utilization": 0.9, "enforce_eager": False,
         "enable_sleep_mode": stage.placement == "time_shared", "load_format": "dummy", "seed": 0,
-        "compilation_config": {"cudagraph_capture_sizes": _capture_sizes(256)},
+        "compilation_config": {"cudagraph_capture_sizes": _capture_sizes(calls)},
     }
     sampling = {"temperature": 0.0, "max_tokens": JUDGE_VERDICT_TOKENS, "logprobs": 5}
+    policy = {"read": source.get("read"), "timeout_s": source.get("timeout"), "fallback_reward": source.get("fallback")}
     return StageLaunch(stage.name, stage.kind, "vllm-engine", {}, args, {}, None,
-                       {"weight_refresh": "none (frozen judge)", "sampling": sampling})
+                       {"weight_refresh": "none (frozen judge)", "sampling": sampling, "calls": policy})
 
 
 def _reward_model_launch(plan: ExecutionPlan, stage: StagePlan) -> StageLaunch:

@@ -13,13 +13,19 @@ from aspc.backends.cpu.data import DataError, Prompt, PromptSource
 from aspc.backends.cpu.generator import BatchGenerator
 from aspc.backends.cpu.learner import Learner, Rollout, TrainSettings
 from aspc.backends.cpu.model import TinyQwen
-from aspc.backends.cpu.reward_model import (TRAIN_HINT, RewardScorer, Shaping, build_terms, checkpoint_path,
-                                            load_reward_model)
-from aspc.backends.cpu.rewards import RewardError, build_reward, exact_match
+from aspc.backends.cpu.judge import TRAIN_HINT as JUDGE_HINT
+from aspc.backends.cpu.judge import load_judge
+from aspc.backends.cpu.reward_model import TRAIN_HINT, checkpoint_path, load_reward_model
+from aspc.backends.cpu.scoring import RewardScorer, Shaping, build_terms
+from aspc.backends.cpu.tokenizer import encode
+from aspc.backends.cpu.rewards import RULES, RewardError, build_reward, exact_match
 from aspc.algorithms.slots import default_slots
 from aspc.backends.cpu.threads import use_threads
 from aspc.backends.cpu.warmstart import warm_start
 from aspc.plan.execution_plan import ExecutionPlan, StageRefusal
+
+
+LEARNED = ("model", "judge")  # reward sources scored by a model of their own, on the stage's executor
 
 
 class CpuExecutors:
@@ -43,11 +49,13 @@ class CpuExecutors:
         self.actor = TinyQwen(plan.model(self.train_stage.model).arch, seed=seed)
         sources = dict(plan.stages_of("reward")[0].options)["sources"]
         self.reward_models = self._load_reward_models()  # fails early: a missing checkpoint, a bad file
-        # A rule or python reward runs in the learner; a stage with model(...) sources runs on its own
-        # executor (forward_model), and the task's verifier measures accuracy, never the learned reward.
-        learned = any(source.func == "model" for source in sources)
+        # A rule or python reward runs in the learner; a stage with model(...) or judge(...) sources
+        # runs on its own executor (forward_model, judge), and accuracy is measured by the task's
+        # verifier, never by the learned reward or the judge.
+        learned = any(source.func in LEARNED for source in sources)
         self.reward_fn = build_reward([] if learned else sources, base_dir)
-        self.verifier = build_reward([s for s in sources if s.func != "model"], base_dir) if learned else None
+        rules = [RULES[s.get("name")] for s in sources if s.func == "rule"]
+        self.verifier = (rules[0] if rules else exact_match) if learned else None
         self.scorers: dict[tuple[str, int], RewardScorer] = {}
         self.learner = None
 
@@ -92,6 +100,10 @@ class CpuExecutors:
             self.scorers[key] = RewardScorer(build_terms(sources, models, self.base_dir), shaping)
         return self.scorers[key]
 
+    def judge(self, stage: str, instance: int) -> RewardScorer:
+        """Instance `instance` of reward stage `stage` with judge(...) sources: the same weighted sum."""
+        return self.forward_model(stage, instance)
+
     def switch_pool(self, pool: str, mode: str) -> None:
         """A time-shared pool changes hands: CPU threads share memory, so nothing moves."""
 
@@ -101,12 +113,12 @@ class CpuExecutors:
 
     def accuracy(self, count: int = 128) -> float:
         """Greedy reward of the current policy on held-out prompts: of the stage's rule and python
-        sources; with a learned reward (model(...) sources), of its rule and python sources if it has
-        any, else of the task's verifier (exact match with the data's answers)."""
+        sources; with a learned reward or a judge (model(...) or judge(...) sources), of a verifier:
+        the stage's first rule(...) (unweighted), else exact match with the data's answers — never
+        of the learned reward, the judge or a python source."""
         from aspc.backends.cpu.evaluate import greedy_accuracy
 
-        measure = self.reward_fn if self.verifier is None else (self.verifier if self.verifier.sources
-                                                                 else exact_match)
+        measure = self.reward_fn if self.verifier is None else self.verifier
         return greedy_accuracy(self.actor, self.prompts, measure, count, dict(self.gen_stage.options)["max_tokens"])
 
     # ---- checkpoints ----
@@ -123,14 +135,16 @@ class CpuExecutors:
 
     # ---- building ----
     def _load_reward_models(self) -> dict:
-        """The reward models model(...) sources name, each loaded once from its checkpoint."""
+        """The reward models and judges that model(...) and judge(...) sources name, each loaded
+        once from its checkpoint."""
         models = {}
         for stage in self.plan.stages_of("reward"):
             for source in dict(stage.options)["sources"]:
-                name = source.get("model") if source.func == "model" else None
+                name = source.get("model") if source.func in LEARNED else None
                 if name is not None and name not in models:
                     model = self.plan.model(name)
-                    models[name] = load_reward_model(model.arch, checkpoint_path(model.checkpoint, self.base_dir), name)
+                    load = load_reward_model if source.func == "model" else load_judge
+                    models[name] = load(model.arch, checkpoint_path(model.checkpoint, self.base_dir), name)
         return models
 
     def _reference(self):
@@ -173,14 +187,26 @@ def unsupported_stages(plan: ExecutionPlan) -> list[StageRefusal]:
                                                   "environment stages (agentic RL) yet",
                                       "run the pipeline without the environment stage"))
         for source in dict(stage.options).get("sources", ()) if stage.kind == "reward" else ():
-            if source.func not in ("rule", "python", "model"):
-                found.append(StageRefusal(stage.name, f"stage '{stage.name}': the CPU backend does not execute "
-                                                      f"{source.func}(...) sources yet",
-                                          "use rule(...), python(...) or model(...) sources"))
-            elif source.func == "model" and not plan.model(source.get("model")).checkpoint:
-                found.append(StageRefusal(stage.name, f"stage '{stage.name}': reward model "
-                                                      f"'{source.get('model')}' has no weights: the CPU backend "
-                                                      "scores with a trained reward model only",
-                                          f"add checkpoint = \"PATH\" to model {source.get('model')}; "
-                                          f"{TRAIN_HINT}"))
+            found += _refused_source(plan, stage.name, source)
     return found
+
+
+def _refused_source(plan: ExecutionPlan, stage: str, source) -> list[StageRefusal]:
+    if source.func not in ("rule", "python", *LEARNED):
+        return [StageRefusal(stage, f"stage '{stage}': the CPU backend does not execute {source.func}(...) "
+                                    "sources yet", "use rule(...), python(...), model(...) or judge(...) sources")]
+    if source.func not in LEARNED:
+        return []
+    name, what, hint = source.get("model"), *(("reward model", TRAIN_HINT) if source.func == "model"
+                                              else ("judge", JUDGE_HINT))
+    if not plan.model(name).checkpoint:
+        return [StageRefusal(stage, f"stage '{stage}': {what} '{name}' has no weights: the CPU backend scores "
+                                    f"with a trained {what} only",
+                             f"add checkpoint = \"PATH\" to model {name}; {hint}")]
+    try:
+        encode(source.get("prompt") if source.func == "judge" else "")
+    except ValueError as error:
+        return [StageRefusal(stage, f"stage '{stage}': the rubric of judge '{name}' cannot be read by a tiny CPU "
+                                    f"judge: {error}", "write the rubric in the task vocabulary, or leave it out",
+                             "prompt")]
+    return []

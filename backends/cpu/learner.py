@@ -27,6 +27,7 @@ class Rollout:
     ref_logprobs: list[float] | None = None
     values: list[float] | None = None
     key: tuple | None = None  # the sample id, so a remote learner can keep its copy
+    masked: bool = False  # its score failed (aspc/controller/scoring.py): the fallback reward, advantage 0
 
 
 @dataclass
@@ -106,9 +107,11 @@ class Learner:
 
     def _advantages(self, rollouts: list[Rollout]):
         if self.s.estimator == "gae":
-            pairs = [gae(r.reward, r.values, self.s.gamma, self.s.lam) for r in rollouts]
+            pairs = [gae(r.reward, r.values, self.s.gamma, self.s.lam) if not r.masked
+                     else ([0.0] * len(r.values), list(r.values)) for r in rollouts]
             return [a for a, _ in pairs], [ret for _, ret in pairs]
-        scalar = group_advantages([r.reward for r in rollouts], self.s.group, self.s.estimator, self.s.normalize)
+        scalar = group_advantages([r.reward for r in rollouts], self.s.group, self.s.estimator, self.s.normalize,
+                                  [r.masked for r in rollouts])
         return [[a] * len(r.response) for a, r in zip(scalar, rollouts)], [None] * len(rollouts)
 
     def _value_loss(self, chunk, batch, mask, returns) -> None:
@@ -148,21 +151,24 @@ class _StepStats:
         self.shaped_rewards: list[float] = []  # with shaping, as the advantage saw it
         self.shaped = shaped
         self.lengths: list[int] = []
+        self.failed = 0  # samples whose score failed (masked, with the fallback reward)
 
     def add(self, chunk, loss: float, tokens: float, clip_fraction: float) -> None:
         self.sequences += len(chunk)
         self.tokens += int(tokens)
         self.loss += loss
         self.clip += clip_fraction * len(chunk)
-        self.rewards += [r.task_reward for r in chunk]
-        self.shaped_rewards += [r.reward for r in chunk]
+        self.rewards += [r.task_reward for r in chunk if not r.masked]
+        self.shaped_rewards += [r.reward for r in chunk if not r.masked]
+        self.failed += sum(r.masked for r in chunk)
         self.lengths += [len(r.response) for r in chunk]
 
     def summary(self) -> dict:
-        n = max(self.sequences, 1)
-        shaped = {"shaped_reward": sum(self.shaped_rewards) / n} if self.shaped else {}
-        return {"reward": sum(self.rewards) / n, **shaped, "response_len": sum(self.lengths) / n,
-                "loss": self.loss / n, "clip_fraction": self.clip / n, "samples": self.sequences}
+        n, scored = max(self.sequences, 1), max(len(self.rewards), 1)  # the reward: of scored samples
+        shaped = {"shaped_reward": sum(self.shaped_rewards) / scored} if self.shaped else {}
+        failed = {"score_failed": self.failed} if self.failed else {}
+        return {"reward": sum(self.rewards) / scored, **shaped, "response_len": sum(self.lengths) / n,
+                "loss": self.loss / n, "clip_fraction": self.clip / n, "samples": self.sequences, **failed}
 
 
 def _step(model, optimizer, scale: float, grad_clip: float) -> float:

@@ -5,19 +5,27 @@ from __future__ import annotations
 import torch
 
 
-def group_advantages(rewards: list[float], group: int, estimator: str, normalize: bool) -> list[float]:
-    """GRPO/DAPO: (r - group mean) / group std; RLOO: r - mean of the other samples."""
+def group_advantages(rewards: list[float], group: int, estimator: str, normalize: bool,
+                     masked: list[bool] | None = None) -> list[float]:
+    """GRPO/DAPO: (r - group mean) / group std; RLOO: r - mean of the other samples. A masked
+    sample (its score failed) is left out of its group's statistics and gets advantage 0."""
+    masked = masked or [False] * len(rewards)
     out = []
     for start in range(0, len(rewards), group):
-        r = torch.tensor(rewards[start:start + group], dtype=torch.float64)
-        if estimator == "rloo" and len(r) > 1:
-            adv = r - (r.sum() - r) / (len(r) - 1)
-        else:
-            adv = r - r.mean()
-            if normalize and len(r) > 1:
-                adv = adv / (r.std() + 1e-6)
-        out += [float(a) for a in adv]
+        scored = [i for i in range(start, min(start + group, len(rewards))) if not masked[i]]
+        adv = dict(zip(scored, _advantages(torch.tensor([rewards[i] for i in scored], dtype=torch.float64),
+                                           estimator, normalize).tolist())) if scored else {}
+        out += [adv.get(i, 0.0) for i in range(start, min(start + group, len(rewards)))]
     return out
+
+
+def _advantages(r: torch.Tensor, estimator: str, normalize: bool) -> torch.Tensor:
+    if estimator == "rloo" and len(r) > 1:
+        return r - (r.sum() - r) / (len(r) - 1)
+    adv = r - r.mean()
+    if normalize and len(r) > 1:
+        adv = adv / (r.std() + 1e-6)
+    return adv
 
 
 def gae(reward: float, values: list[float], gamma: float, lam: float) -> tuple[list[float], list[float]]:

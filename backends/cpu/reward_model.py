@@ -2,10 +2,7 @@
 of prompt + response, its weights from a safetensors file that `aspc train-rm` writes by fitting a
 Bradley-Terry loss, -log sigmoid(r_chosen - r_rejected), on preference pairs.
 
-A reward stage with model(...) sources runs on its own executor (the ForwardModel role of
-aspc/roles.py): `RewardScorer.score` sets each rollout's reward to the stage's exact weighted sum
-of its sources, model(...) terms from the reward model's score and rule(...) / python(...) terms
-through the reward functions of rewards.py, with the learner's overlong shaping.
+A reward stage with model(...) sources runs on its own executor (scoring.py).
 """
 from __future__ import annotations
 
@@ -20,10 +17,8 @@ from safetensors.torch import load_file, save_file
 from aspc.backends.cpu.batching import make_batch
 from aspc.backends.cpu.checkpoint import CheckpointError
 from aspc.backends.cpu.data import DataError, json_objects
-from aspc.backends.cpu.losses import overlong_penalty
 from aspc.backends.cpu.model import TinyQwen
-from aspc.backends.cpu.rewards import RULES, RewardError, load_callable
-from aspc.backends.cpu.tokenizer import BOS, EOS, decode, encode
+from aspc.backends.cpu.tokenizer import BOS, EOS, encode
 from aspc.ir.facts import ModelArch
 
 TRAIN_HINT = "train one with `aspc train-rm FILE.aspl --model NAME --data prefs.jsonl -o PATH`"
@@ -46,83 +41,38 @@ class RewardModel(torch.nn.Module):
 
 
 def save_reward_model(model: RewardModel, path: Path, metadata: dict | None = None) -> None:
-    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(path), metadata={k: str(v) for k, v in (metadata or {}).items()})
+    save_weights(model, path, metadata or {})
 
 
 def load_reward_model(arch: ModelArch, path: Path, name: str = "rm") -> RewardModel:
     """The reward model `name` with the weights in `path`; CheckpointError names the path."""
+    return load_weights(RewardModel(arch), path, f"model '{name}': reward model", TRAIN_HINT)
+
+
+def save_weights(module: torch.nn.Module, path: Path, metadata: dict) -> None:
+    """A scorer's weights as safetensors, with string metadata (how it was trained)."""
+    state = {k: v.detach().contiguous().clone() for k, v in module.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(path), metadata={k: str(v) for k, v in metadata.items()})
+
+
+def load_weights(module: torch.nn.Module, path: Path, what: str, hint: str):
+    """`module` with the weights in `path`, in eval mode; a CheckpointError names `what`, the path
+    and `hint` (the command that writes one) when the file is missing, torn or of another shape."""
     if not path.is_file():
-        raise CheckpointError(f"model '{name}': reward model checkpoint {path} does not exist; {TRAIN_HINT}")
-    model = RewardModel(arch)
+        raise CheckpointError(f"{what} checkpoint {path} does not exist; {hint}")
     try:
-        model.load_state_dict(load_file(str(path)))
+        module.load_state_dict(load_file(str(path)))
     except Exception as error:  # not safetensors, or another model's shapes
         first = str(error).splitlines()[0] if str(error) else ""
-        raise CheckpointError(f"model '{name}': cannot load the reward model checkpoint {path} "
-                              f"({type(error).__name__}: {first}); {TRAIN_HINT} with this model's shape") from None
-    return model.eval()
+        raise CheckpointError(f"{what}: cannot load the checkpoint {path} ({type(error).__name__}: {first}); "
+                              f"{hint} with this model's shape") from None
+    return module.eval()
 
 
 def checkpoint_path(checkpoint: str, base_dir: Path | None) -> Path:
     path = Path(checkpoint)
     return path if path.is_absolute() or base_dir is None else Path(base_dir) / path
-
-
-# ---- scoring a reward stage ----
-@dataclass(frozen=True)
-class Shaping:
-    overlong: int  # 0: none (DAPO's overlong shaping only)
-    max_tokens: int
-
-
-class RewardScorer:
-    """One instance of a reward stage with model(...) sources (the ForwardModel role): the exact
-    weighted sum of all the stage's sources."""
-
-    def __init__(self, terms: list[tuple[object, float]], shaping: Shaping):
-        self.terms, self.shaping = terms, shaping  # (RewardModel | reward function, weight)
-
-    @torch.no_grad()
-    def score(self, rollouts: list) -> None:
-        totals = [0.0] * len(rollouts)
-        texts = None
-        for source, weight in self.terms:
-            if isinstance(source, RewardModel):
-                scores = source([(r.prompt, r.response) for r in rollouts]).tolist()
-            else:
-                texts = texts or [decode(r.response) for r in rollouts]
-                scores = [_call(source, r, text) for r, text in zip(rollouts, texts)]
-            totals = [t + weight * float(s) for t, s in zip(totals, scores)]
-        for r, total in zip(rollouts, totals):
-            r.task_reward = r.reward = total
-            if self.shaping.overlong:
-                r.reward += overlong_penalty(len(r.response), self.shaping.max_tokens, self.shaping.overlong)
-
-
-def _call(function, r, text: str) -> float:
-    try:
-        return float(function(r.prompt_text, text, r.answer, r.metadata))
-    except Exception as error:  # a user's function: report it with the sample
-        raise RewardError(f"reward {getattr(function, '__name__', function)} failed on prompt "
-                          f"{r.prompt_text!r}, response {text!r}: {type(error).__name__}: {error}") from None
-
-
-def build_terms(sources, models: dict[str, RewardModel], base_dir: Path | None) -> list[tuple[object, float]]:
-    """The stage's sources in order: model(NAME) -> the loaded reward model, rule and python ->
-    their functions."""
-    terms = []
-    for source in sources:
-        if source.func == "model":
-            terms.append((models[source.get("model")], source.get("weight")))
-        elif source.func == "rule":
-            terms.append((RULES[source.get("name")], source.get("weight")))
-        elif source.func == "python":
-            terms.append((load_callable(source.get("function"), base_dir), source.get("weight")))
-        else:
-            raise RewardError(f"the CPU backend does not execute {source.func}(...) sources yet")
-    return terms
 
 
 # ---- preference data and the Bradley-Terry fit ----
@@ -235,13 +185,7 @@ def train_reward_model(plan, model_name: str, data: Path, output: Path, steps: i
 
     from aspc.backends.cpu.threads import use_threads
 
-    names = [m.name for m in plan.models]
-    if model_name not in names:
-        raise RewardModelError(f"no model '{model_name}' (the models: {', '.join(names)})")
-    model_plan = plan.model(model_name)
-    if model_plan.preset != "custom":
-        raise RewardModelError(f"model '{model_name}' is the preset {model_plan.preset}; the CPU backend fits tiny "
-                               "`custom` models")
+    model_plan = tiny_model(plan, model_name)
     try:
         pairs = read_pairs(data)
         model = RewardModel(model_plan.arch, seed=seed)
@@ -274,3 +218,15 @@ def train_reward_model(plan, model_name: str, data: Path, output: Path, steps: i
         raise RewardModelError(f"cannot write {output}: {error.strerror}") from None
     echo(f"wrote {output} ({output.stat().st_size / 1024:.0f} KiB)")
     return accuracy
+
+
+def tiny_model(plan, name: str):
+    """The plan's model `name`, which the CPU backend can fit (a `custom` one); RewardModelError if not."""
+    names = [m.name for m in plan.models]
+    if name not in names:
+        raise RewardModelError(f"no model '{name}' (the models: {', '.join(names)})")
+    model = plan.model(name)
+    if model.preset != "custom":
+        raise RewardModelError(f"model '{name}' is the preset {model.preset}; the CPU backend fits tiny `custom` "
+                               "models")
+    return model

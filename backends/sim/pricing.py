@@ -88,18 +88,21 @@ class RooflinePricing:
         costs = []
         for source in dict(stage.options)["sources"]:
             if source.func == "judge":
-                costs.append(self.judge(stage, source.get("model"), source.get("prompt") or "", token_lengths))
+                costs.append(self.judge(stage, source.get("model"), source.get("prompt") or "", token_lengths,
+                                        source.get("concurrency")))
             elif source.func == "model":
                 scorer = dataclasses.replace(_shaped(stage), model=source.get("model"))
                 packed = packed_ranks(scorer, token_lengths, self.mean_tokens)
                 costs.append(work_cost(scorer, self._learner_cost(scorer), "forward", packed))
         return WorkCost(*(sum(getattr(c, f.name) for c in costs) for f in dataclasses.fields(WorkCost)))
 
-    def judge(self, stage: StagePlan, model_name: str, rubric: str, token_lengths: list[int]) -> WorkCost:
+    def judge(self, stage: StagePlan, model_name: str, rubric: str, token_lengths: list[int],
+              concurrency: int | None = None) -> WorkCost:
         """One judge call per streamed unit on one instance of the stage: prefill of (rubric +
         prompt + response) per sample, then JUDGE_VERDICT_TOKENS decode steps of the whole batch —
         the generation roofline of the judge model on the stage's layout. The batch is the unit's
-        samples, bounded by the instance's KV room (several waves if more). Decode of the verdict
+        samples, bounded by the instance's KV room and the source's `concurrency` (calls in flight;
+        several waves if more). Decode of the verdict
         and prefill are useful; under static batching (no continuous-batching pass on the
         generate stage) each wave's prompts pad to its longest, and the pad tokens' prefill and KV
         reads are padding."""
@@ -107,6 +110,7 @@ class RooflinePricing:
         verdict = JUDGE_VERDICT_TOKENS
         inputs = [math.ceil(len(rubric) / CHARS_PER_TOKEN) + t for t in token_lengths]
         cost, capacity = self.judge_engine(stage, model_name, sum(inputs) / max(len(inputs), 1) + verdict)
+        capacity = max(1, min(capacity, concurrency or capacity))
         static = (stage.batching or self.gen_stage.batching) != "continuous"
         seconds = useful = 0.0
         for first in range(0, len(inputs), capacity):

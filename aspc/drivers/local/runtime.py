@@ -19,6 +19,7 @@ from aspc.controller.events import (Action, Checkpoint, Dispatch, Finished, Inst
 from aspc.plan.execution_plan import ExecutionPlan
 from aspc.drivers.local.metrics_file import MetricsFile, interrupts_held
 from aspc.roles import ExecutorsFactory
+from aspc.drivers.local.scoring import GuardedJudge
 from aspc.drivers.local.threads import threads_per_worker
 from aspc.drivers.local.virtual_time import RealTime
 from aspc.drivers.local.workers import ExecutorWorker, GenerationWorker, WorkerFailed, trainer_runners
@@ -91,7 +92,8 @@ class LocalRuntime:
         self.weights[self.start_version] = self.executors.snapshot()
         self.exec_workers = [self._executor_worker(spec) for spec in self.config.executors]
         self.learner_worker = next(w for w in self.exec_workers if w.learner is not None)
-        self.learner_worker.completed = self.learner_worker.saved = self.start_version
+        self.learner_worker.completed = self.start_version
+        self.learner_worker.saved = self.start_version if resume_from else None  # a fresh run: none on disk
         self.gen_workers = []
         for i in range(self.config.instances):
             engine = self.executors.generation_engine(i, self.config.instances)
@@ -125,7 +127,8 @@ class LocalRuntime:
         """The call that scores a unit of a stage on its own model: a reward model's forward pass
         (`ForwardModel.score`) or an LLM judge's verdicts (`Judge.judge`)."""
         if role == "judge":
-            return self.executors.judge(stage, index).judge
+            policy = next(s.calls for s in self.config.forward_stages if s.name == stage)
+            return GuardedJudge(self.executors.judge(stage, index).judge, stage, policy, self.clock)
         return self.executors.forward_model(stage, index).score
 
     def _warm_start(self) -> None:

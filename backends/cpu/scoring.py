@@ -1,0 +1,87 @@
+"""A reward stage with model(...) or judge(...) sources, scored on its own executor (the
+ForwardModel and Judge roles of aspc/roles.py): `RewardScorer.score` sets each rollout's reward to
+the stage's exact weighted sum of its sources — a reward model's scalar, a judge's score
+(judge.py), and rule(...) / python(...) terms through the reward functions of rewards.py — with
+the learner's overlong shaping."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from aspc.backends.cpu.judge import CpuJudge
+from aspc.backends.cpu.losses import overlong_penalty
+from aspc.backends.cpu.reward_model import RewardModel
+from aspc.backends.cpu.rewards import RULES, RewardError, load_callable
+from aspc.backends.cpu.tokenizer import decode
+
+
+@dataclass(frozen=True)
+class Shaping:
+    overlong: int  # 0: none (DAPO's overlong shaping only)
+    max_tokens: int
+
+
+class RewardScorer:
+    """One instance of a reward stage: the exact weighted sum of all the stage's sources. Serves
+    as the ForwardModel (`score`) and the Judge (`judge`) role alike."""
+
+    def __init__(self, terms: list[tuple[object, float]], shaping: Shaping):
+        self.terms, self.shaping = terms, shaping  # (a term with .scores(rollouts), weight)
+
+    @torch.no_grad()
+    def score(self, rollouts: list) -> None:
+        totals = [0.0] * len(rollouts)
+        for term, weight in self.terms:
+            totals = [t + weight * float(s) for t, s in zip(totals, term.scores(rollouts))]
+        for r, total in zip(rollouts, totals):
+            r.task_reward = r.reward = total
+            if self.shaping.overlong:
+                r.reward += overlong_penalty(len(r.response), self.shaping.max_tokens, self.shaping.overlong)
+
+    judge = score
+
+
+class _ModelTerm:
+    def __init__(self, model: RewardModel):
+        self.model = model
+
+    def scores(self, rollouts: list) -> list[float]:
+        return self.model([(r.prompt, r.response) for r in rollouts]).tolist()
+
+
+class _FunctionTerm:
+    def __init__(self, function):
+        self.function = function
+
+    def scores(self, rollouts: list) -> list[float]:
+        return [self._call(r, decode(r.response)) for r in rollouts]
+
+    def _call(self, r, text: str) -> float:
+        try:
+            return float(self.function(r.prompt_text, text, r.answer, r.metadata))
+        except Exception as error:  # a user's function: report it with the sample
+            name = getattr(self.function, "__name__", self.function)
+            raise RewardError(f"reward {name} failed on prompt {r.prompt_text!r}, response {text!r}: "
+                              f"{type(error).__name__}: {error}") from None
+
+
+def build_terms(sources, models: dict, base_dir: Path | None) -> list[tuple[object, float]]:
+    """The stage's sources in order: model(NAME) -> the loaded reward model, judge(NAME) -> the
+    loaded judge with the source's rubric and read, rule and python -> their functions. `models`:
+    name -> a RewardModel or a judge's TinyQwen, each this instance's own copy."""
+    terms = []
+    for source in sources:
+        if source.func == "model":
+            term = _ModelTerm(models[source.get("model")])
+        elif source.func == "judge":
+            term = CpuJudge(models[source.get("model")], source.get("prompt"), source.get("read"))
+        elif source.func == "rule":
+            term = _FunctionTerm(RULES[source.get("name")])
+        elif source.func == "python":
+            term = _FunctionTerm(load_callable(source.get("function"), base_dir))
+        else:
+            raise RewardError(f"the CPU backend does not execute {source.func}(...) sources yet")
+        terms.append((term, source.get("weight")))
+    return terms
