@@ -274,8 +274,9 @@ def test_a_judge_is_no_longer_refused_and_prints_its_pools_share(aspc, tmp_path)
     assert "busy device-time by pool" in result.stdout and result.stdout.count("judges 8 dev") == 3
 
 
-def test_stages_the_simulator_cannot_price_are_refused_at_their_line(aspc, tmp_path):
-    """An environment would otherwise be free: same step time as a rule reward."""
+def test_an_environment_stage_is_priced_not_free(aspc, tmp_path):
+    """Once refused (it would have been free); now its episodes are priced: turns, tool waits and
+    observations make the step longer than the single-turn plan (tests/test_sim_episodes.py)."""
     source = _grpo_7b_source()
     env = source.replace('stage score  = reward(gen, rule = "math_verify")',
                          'stage env = environment(gen) { tools = [tool("calc", python = "tools:calc")], '
@@ -283,9 +284,9 @@ def test_stages_the_simulator_cannot_price_are_refused_at_their_line(aspc, tmp_p
                          'stage score  = reward(env, rule = "math_verify")').replace(
         "train(actor, gen, ref_lp, adv)", "train(actor, env, ref_lp, adv)")
     (tmp_path / "tools.py").write_text("def calc(expression: str) -> str:\n    return expression\n")
-    path = tmp_path / "env.aspl"
-    path.write_text(env)
-    result = aspc("simulate", str(path), "--steps", "1")
-    assert result.exit_code == 1, result.output
-    assert "env.aspl:" in result.output and "no driver executes or prices environment stages" in result.output
-    assert "never counted as free" in result.output and "Traceback" not in result.output
+    plans = _plans(tmp_path, rule=source, env=env)
+    rule, agentic = (simulate(plans[n], 1, RooflinePricing(plans[n])) for n in ("rule", "env"))
+    assert agentic.step_time > rule.step_time and agentic.tool_calls > 0
+    result = aspc("simulate", str(tmp_path / "env.aspl"), "--steps", "1")
+    assert result.exit_code == 0, result.output
+    assert "tool_wait" in result.stdout and "Traceback" not in result.output

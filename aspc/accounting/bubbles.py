@@ -5,7 +5,8 @@ Every device-second is one of CATEGORIES; see DESIGN.md for what each means.
 """
 from __future__ import annotations
 
-CATEGORIES = ("useful", "padding", "skewness", "sorting", "sync", "idle")
+# tool_wait: a generation instance holds live episodes and every one of them waits on a tool call
+CATEGORIES = ("useful", "padding", "skewness", "sorting", "sync", "idle", "tool_wait")
 
 
 def merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -21,14 +21,16 @@ class KindRule:
     dispatched: bool  # requests are routed to the stage's instances by a dispatch policy
     streamed: bool  # runs once per streamed unit of whole groups (else: per request)
     packed: bool  # its units are packed into micro-batches (the pack pass's shapes)
-    priced_as: str  # the simulator: "decode" | "forward" | "judge" | "train" | "host" (no device time)
+    priced_as: str  # the simulator: "decode" | "forward" | "judge" | "train" | "episode" (turns and tool
+    # waits inside the generation instances) | "host" (no device time)
     refused: str = ""  # why no driver executes or prices it yet ("" when it runs)
 
 
 RULES: dict[str, KindRule] = {r.kind: r for r in (
     KindRule("generate", "prompts", "responses", "generation", True, False, False, "decode"),
-    KindRule("environment", "responses", "responses", "tool_runner", True, False, False, "host",
-             refused="environment stages (multi-turn episodes and tool calls; the agentic issue, 13)"),
+    # Episodes run inside the generation instance that holds their KV (sticky): a model turn, a
+    # tool call on the tool runners, the observation appended, the next turn (aspc/controller/episodes.py).
+    KindRule("environment", "responses", "responses", "tool_runner", True, False, False, "episode"),
     KindRule("reward", "samples", "rewards", None, False, True, False, "host"),
     KindRule("reference", "samples", "ref_logprobs", "trainer", False, True, True, "forward"),
     KindRule("critic", "samples", "values", "trainer", False, True, True, "forward"),

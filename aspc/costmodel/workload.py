@@ -74,3 +74,74 @@ def _draw(dist: Call, cap: int, rng: random.Random, z: float) -> int:
 @functools.lru_cache(maxsize=64)
 def _params(dist: Call) -> dict:
     return dict(dist.kwargs)
+
+
+# ---- agentic episodes ----------------------------------------------------------------------
+DEFAULT_LATENCY = Call("fixed", (("length", 1),))  # seconds of one tool call (schema: tool latency)
+DEFAULT_OBSERVATION = Call("fixed", (("length", 64),))  # tokens of one tool result
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    latency: Call  # seconds
+    timeout: float
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What the simulator needs of an environment stage's options."""
+
+    tools: tuple[Tool, ...]
+    turns: Call
+    observation: Call
+    max_turns: int
+    max_tool_tokens: int
+    workers: int
+
+    @staticmethod
+    def of(options: dict) -> Environment:
+        tools = tuple(Tool(t.get("name"), t.get("latency") or DEFAULT_LATENCY, float(t.get("timeout", 30.0)))
+                      for t in options["tools"])
+        turns = options.get("turns") or Call("uniform", (("max", options["max_turns"]), ("min", 1)))
+        return Environment(tools, turns, options.get("observation_tokens") or DEFAULT_OBSERVATION,
+                           options["max_turns"], options["max_tool_tokens"], options["tool_workers"])
+
+
+@dataclass(frozen=True)
+class EpisodeDraw:
+    """One sample's episode as drawn: the model tokens of each turn (they sum to the sample's
+    response length), and per tool call between two turns its tool, seconds and observation tokens."""
+
+    turns: tuple[int, ...]
+    tools: tuple[int, ...]  # index into Environment.tools
+    latencies: tuple[float, ...]  # uncapped: a draw past the tool's timeout is a timed-out call
+    observations: tuple[int, ...]
+
+
+def draw_episode(env: Environment, data: DataSpec, step: int, prompt: int, index: int, response_len: int,
+                 seed: int | None = None) -> EpisodeDraw:
+    """Deterministic per sample (not per arrival order): T turns from `turns` (at most max_turns and
+    the response's tokens), the response split over them at random (each turn one token or more),
+    and T - 1 tool calls, each to a tool chosen uniformly from the list."""
+    rng = random.Random(f"{data.seed if seed is None else seed}/{data.name}/{step}/episode/{prompt}/{index}")
+    count = max(1, min(_draw(env.turns, env.max_turns, rng, rng.gauss(0, 1)), response_len))
+    weights = [rng.expovariate(1.0) for _ in range(count)]
+    spare, total = response_len - count, sum(weights)
+    turns = [1 + math.floor(spare * w / total) for w in weights]
+    turns[-1] += response_len - sum(turns)
+    tools = tuple(rng.randrange(len(env.tools)) for _ in range(count - 1))
+    latencies = tuple(_draw_seconds(env.tools[t].latency, rng) for t in tools)
+    observations = tuple(_draw(env.observation, env.max_tool_tokens, rng, rng.gauss(0, 1)) for _ in tools)
+    return EpisodeDraw(tuple(turns), tools, latencies, observations)
+
+
+def _draw_seconds(dist: Call, rng: random.Random) -> float:
+    """A duration in seconds: the length distributions without rounding or a cap."""
+    p = _params(dist)
+    if dist.func == "fixed":
+        return float(p["length"])
+    if dist.func == "uniform":
+        return rng.uniform(p["min"], p["max"])
+    sigma = p["sigma"]
+    return math.exp(math.log(p["mean"]) - sigma * sigma / 2 + sigma * rng.gauss(0, 1))

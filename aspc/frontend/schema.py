@@ -43,6 +43,7 @@ def _count(name: str, doc: str, default: Any = 1) -> OptionSpec:
 # ---- call values ---------------------------------------------------------------------------
 _WEIGHT = OptionSpec("weight", "float", 1.0, "weight of this reward in the sum", lo=0, lo_open=True)
 REWARD_RULES = ("exact_match", "math_verify", "numeric_match")
+LENGTH_CALLS = ("lognormal", "uniform", "fixed")
 CALLS: dict[str, CallSpec] = {c.func: c for c in (
     CallSpec("rule", (OptionSpec("name", "enum", REQUIRED, "built-in rule", choices=REWARD_RULES), _WEIGHT),
              "a built-in rule reward"),
@@ -64,7 +65,14 @@ CALLS: dict[str, CallSpec] = {c.func: c for c in (
                       OptionSpec("python", "str", "", '"module:function" to run'),
                       OptionSpec("command", "str", "", "a shell command run in a sandbox"),
                       OptionSpec("timeout", "float", 30.0, "seconds before the call is stopped",
-                                 lo=0, lo_open=True)),
+                                 lo=0, lo_open=True),
+                      OptionSpec("description", "str", "", "what the tool does, for the model's tool list"),
+                      OptionSpec("parameters", "str", "", "JSON schema of the arguments (OpenAI-style), "
+                                 "for the model's tool list"),
+                      OptionSpec("env", "str", "", "variables a command tool sees, \"NAME=value,...\" (nothing "
+                                 "else of the caller's environment)"),
+                      OptionSpec("latency", "call", None, "seconds a call takes, for simulation "
+                                 "(default fixed(length = 1))", choices=LENGTH_CALLS)),
              "a tool the generating model may call; give python or command"),
     CallSpec("lognormal", (OptionSpec("mean", "float", REQUIRED, "mean length in tokens", lo=1),
                            OptionSpec("sigma", "float", 0.8, "log-space spread", lo=0, lo_open=True),
@@ -77,7 +85,6 @@ CALLS: dict[str, CallSpec] = {c.func: c for c in (
     CallSpec("fixed", (OptionSpec("length", "int", REQUIRED, "every sample's length", lo=1),),
              "one length for every sample"),
 )}
-LENGTH_CALLS = ("lognormal", "uniform", "fixed")
 
 # ---- declarations --------------------------------------------------------------------------
 _DTYPE = OptionSpec("dtype", "enum", "bf16", "parameter dtype", choices=("bf16", "fp16", "fp32"))
@@ -119,7 +126,7 @@ _DATA_COMMON = (
                choices=LENGTH_CALLS),
 )
 DATA_JSONL = _opts(*_DATA_COMMON)
-SYNTHETIC_TASKS = ("arith", "count", "copy")
+SYNTHETIC_TASKS = ("arith", "count", "copy", "mul")
 DATA_SYNTHETIC = _opts(*_DATA_COMMON, _count("size", "prompts generated", 4096))
 
 PLACEMENT = (
@@ -144,6 +151,15 @@ STAGES: dict[str, dict[str, OptionSpec]] = {
         OptionSpec("tools", "calls", REQUIRED, "tools the model may call", choices=("tool",)),
         _count("max_turns", "model turns per episode", 4),
         _count("max_tool_tokens", "tokens of one tool result fed back", 512),
+        OptionSpec("format", "enum", "hermes", "how the model writes a tool call: hermes "
+                   "(<tool_call>{json}</tool_call>) or compact ([arguments], one tool; tiny models)",
+                   choices=("hermes", "compact")),
+        _count("max_invalid", "consecutive invalid tool calls that end an episode", 2),
+        _count("tool_workers", "tool calls that run at once (the tool runners)", 8),
+        OptionSpec("turns", "call", None, "model turns per episode, for simulation (default "
+                   "uniform(min = 1, max = max_turns))", choices=("lognormal", "uniform", "fixed")),
+        OptionSpec("observation_tokens", "call", None, "tokens of one tool result, for simulation "
+                   "(default fixed(length = 64))", choices=LENGTH_CALLS),
     ),
     "reward": _opts(
         *PLACEMENT,

@@ -213,10 +213,44 @@ def _environment_options(decl, values: OptionValues, options: dict, env: Resolve
                        f"tool '{tool.get('name')}' needs exactly one of python = \"module:function\" "
                        "or command = \"...\"")
             return None
+    problem = _tools_problem(options)
+    if problem:
+        option, message, hint = problem
+        sink.error(values.value_spans.get(option, decl.kind_span), message, hint)
+        return None
     python = [(t.get("name"), t.get("python")) for t in options["tools"] if t.get("python")]
     if not all([_function_found(spec, f"tool '{name}'", decl, env, sink) for name, spec in python]):
         return None
     return options
+
+
+def _tools_problem(options: dict) -> tuple[str, str, str] | None:
+    """(option, message, hint) of the first thing wrong with an environment's tools, or None."""
+    tools = options["tools"]
+    names = [t.get("name") for t in tools]
+    if len(set(names)) != len(names):
+        return "tools", "two tools have the same name", "give each tool its own name"
+    if options["format"] == "compact" and len(tools) != 1:
+        return ("format", f"the compact tool-call format calls one tool, and this environment has {len(tools)}",
+                "use format = hermes, or keep one tool")
+    for tool in tools:
+        parameters = tool.get("parameters")
+        if parameters and not _json_object(parameters):
+            return ("tools", f"tool '{tool.get('name')}': parameters is not a JSON object",
+                    'write an OpenAI-style JSON schema, e.g. \'{"type": "object", "properties": {...}}\'')
+        pairs = [p for p in tool.get("env").split(",") if p.strip()]
+        if any("=" not in p or not p.split("=", 1)[0].strip().isidentifier() for p in pairs):
+            return "tools", f"tool '{tool.get('name')}': env must read \"NAME=value,NAME2=value\"", ""
+    return None
+
+
+def _json_object(text: str) -> bool:
+    import json
+
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
 
 
 def _function_found(spec: str, user: str, decl: ast.Stage, env: Resolved, sink) -> bool:

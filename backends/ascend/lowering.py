@@ -89,6 +89,7 @@ def lower(plan: ExecutionPlan) -> LaunchPlan:
         elif _source_models(stage, "model"):
             processes += _megatron_processes(stage, offsets[stage.pool], BASE_PORT + index)
             stages.append(_reward_model_launch(plan, stage))
+    stages += [_tool_runner_launch(stage) for stage in plan.stages_of("environment")]
     transfers = [t for sync in plan.weight_syncs for t in _transfers(plan, sync)]
     nodes = max((p.node for p in processes), default=-1) + 1
     return LaunchPlan(plan.pipeline, plan.schedule, nodes, tuple(processes), tuple(stages), tuple(transfers))
@@ -174,6 +175,20 @@ def _judge_launch(plan: ExecutionPlan, stage: StagePlan) -> StageLaunch:
     policy = {"read": source.get("read"), "timeout_s": source.get("timeout"), "fallback_reward": source.get("fallback")}
     return StageLaunch(stage.name, stage.kind, "vllm-engine", {}, args, {}, None,
                        {"weight_refresh": "none (frozen judge)", "sampling": sampling, "calls": policy})
+
+
+def _tool_runner_launch(stage: StagePlan) -> StageLaunch:
+    """An environment's tools run on the hosts' CPUs, not on NPUs: the CPU backend's ToolRunner
+    (backends/cpu/tool_runner.py: a fork server, one confined child per call), `tool_workers` at
+    once; the episodes themselves run inside the vllm-ascend engines' continuous batches."""
+    options = dict(stage.options)
+    tools = [{"name": t.get("name"), "python": t.get("python"), "command": t.get("command"),
+              "timeout_s": t.get("timeout"), "description": t.get("description"), "parameters": t.get("parameters")}
+             for t in options["tools"]]
+    config = {"tools": tools, "workers": options["tool_workers"], "format": options["format"],
+              "max_turns": options["max_turns"], "max_invalid": options["max_invalid"],
+              "max_tool_tokens": options["max_tool_tokens"]}
+    return StageLaunch(stage.name, stage.kind, "tool-runner (host CPU)", {}, config, {}, None, None)
 
 
 def _reward_model_launch(plan: ExecutionPlan, stage: StagePlan) -> StageLaunch:

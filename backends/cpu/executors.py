@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from aspc.backends.cpu import checkpoint
+from aspc.backends.cpu import agentic, checkpoint
 from aspc.backends.cpu.checkpoint import CheckpointError
 from aspc.backends.cpu.data import DataError, Prompt, PromptSource
 from aspc.backends.cpu.generator import BatchGenerator
@@ -58,6 +58,9 @@ class CpuExecutors:
         self.verifier = (rules[0] if rules else exact_match) if learned else None
         self.scorers: dict[tuple[str, int], RewardScorer] = {}
         self.learner = None
+        environments = plan.stages_of("environment")
+        self.env_stage = environments[0] if environments else None
+        self._tools = None  # built when an instance first needs them (they start processes)
 
     @staticmethod
     def unsupported(plan: ExecutionPlan) -> list[StageRefusal]:
@@ -68,7 +71,8 @@ class CpuExecutors:
         return self.prompts(index)
 
     def warm_start(self, steps: int, on_step=None) -> None:
-        warm_start(self.actor, self.prompts, steps, on_step=on_step)
+        demo = agentic.demonstration if self.env_stage is not None else None
+        warm_start(self.actor, self.prompts, steps, on_step=on_step, demo=demo, demo_every=agentic.DEMO_EVERY)
 
     def snapshot(self) -> dict:
         return copy.deepcopy(self.actor.state_dict())
@@ -77,6 +81,9 @@ class CpuExecutors:
         """Instance `index` of `instances` (all alike on a CPU)."""
         options = dict(self.gen_stage.options)
         slots = default_slots(self.data.samples_per_step, instances, self.data.group)
+        if self.env_stage is not None:
+            return agentic.episode_generator(copy.deepcopy(self.actor).eval(), slots, options,
+                                             self.gen_stage.batching != "continuous", self.tools())
         return BatchGenerator(copy.deepcopy(self.actor).eval(), slots, options["max_tokens"],
                               options["temperature"], options["top_p"],
                               static=self.gen_stage.batching != "continuous")
@@ -108,8 +115,31 @@ class CpuExecutors:
         """A time-shared pool changes hands: CPU threads share memory, so nothing moves."""
 
     def rollout(self, sample, finished, prompt: Prompt) -> Rollout:
-        return Rollout(finished.prompt, finished.response, finished.logprobs, prompt.text, prompt.answer,
-                       prompt.metadata, key=sample)
+        rollout = Rollout(finished.prompt, finished.response, finished.logprobs, prompt.text, prompt.answer,
+                          prompt.metadata, key=sample)
+        if finished.episode is not None:
+            rollout.loss_mask, rollout.episode = finished.mask, finished.episode
+            rollout.text = agentic.final_answer(finished.response, finished.mask)
+            rollout.masked = agentic.is_masked(finished.episode)
+        return rollout
+
+    def tools(self) -> agentic.Tools:
+        """The environment's tool runners, shared by every generation instance of the run."""
+        if self._tools is None:
+            self._tools = agentic.Tools(self.env_stage, self.base_dir)
+        return self._tools
+
+    def evaluate_episodes(self, count: int = 128) -> dict:
+        """Greedy held-out episodes with tools: accuracy, and how many call a tool, and rightly."""
+        measure = self.reward_fn if self.verifier is None else self.verifier
+        return agentic.evaluate_episodes(self.actor, self.prompts, self.tools(), measure, count,
+                                         dict(self.gen_stage.options)["max_tokens"])
+
+    def close(self) -> None:
+        """The run is over: stop the tool runners' processes."""
+        if self._tools is not None:
+            self._tools.close()
+            self._tools = None
 
     def accuracy(self, count: int = 128) -> float:
         """Greedy reward of the current policy on held-out prompts: of the stage's rule and python
@@ -119,6 +149,8 @@ class CpuExecutors:
         from aspc.backends.cpu.evaluate import greedy_accuracy
 
         measure = self.reward_fn if self.verifier is None else self.verifier
+        if self.env_stage is not None:  # episodes with tools, the final answers measured
+            return self.evaluate_episodes(count)["accuracy"]
         return greedy_accuracy(self.actor, self.prompts, measure, count, dict(self.gen_stage.options)["max_tokens"])
 
     # ---- checkpoints ----
@@ -182,10 +214,10 @@ def unsupported_stages(plan: ExecutionPlan) -> list[StageRefusal]:
         if stage.kind == "train" and dict(stage.options).get("epochs", 1) != 1:
             found.append(StageRefusal(stage.name, f"stage '{stage.name}': the CPU backend trains one epoch per "
                                                   "step", "set epochs = 1", "epochs"))
-        if stage.kind == "environment":
-            found.append(StageRefusal(stage.name, f"stage '{stage.name}': the CPU backend does not execute "
-                                                  "environment stages (agentic RL) yet",
-                                      "run the pipeline without the environment stage"))
+        if stage.kind == "environment" and dict(stage.options)["format"] != "compact":
+            found.append(StageRefusal(stage.name, f"stage '{stage.name}': the CPU backend's tiny tokenizer "
+                                                  "writes compact tool calls only", "set format = compact",
+                                      "format"))
         for source in dict(stage.options).get("sources", ()) if stage.kind == "reward" else ():
             found += _refused_source(plan, stage.name, source)
     return found

@@ -22,6 +22,10 @@ class Sequence:
     logprobs: list[float] = field(default_factory=list)
     slot: int = -1
     generator: torch.Generator | None = None
+    mask: list[int] = field(default_factory=list)  # 1: a token the model wrote; 0: a tool's (agentic episodes)
+    episode: object = None  # an agentic episode's state (episodes.py)
+    turn_start: int = 0  # where the current model turn starts in the response
+    pending: object = None  # the tool call it waits on
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,8 @@ class Finished:
     prompt: list[int]
     response: list[int]
     logprobs: list[float]  # behaviour-policy log-probabilities of the response tokens
+    mask: list[int] | None = None  # agentic: 1 where the model wrote the token, 0 where a tool did
+    episode: dict | None = None  # agentic: how the episode went (turns, tool calls, why it ended)
 
 
 class BatchGenerator:
@@ -40,13 +46,14 @@ class BatchGenerator:
         self.cache = KVCache(model.arch, slots, model.arch.max_seq)
         self.waiting: deque[Sequence] = deque()
         self.active: dict[int, Sequence] = {}
+        self.held: dict[int, Sequence] = {}  # slots whose sequence waits (on a tool call), keeping its KV
 
     def add(self, key: tuple, prompt: list[int], seed: int) -> None:
         self.waiting.append(Sequence(key, prompt, seed))
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting or self.active)
+        return bool(self.waiting or self.active or self.held)
 
     @torch.no_grad()
     def step(self) -> list[Finished]:
@@ -65,9 +72,9 @@ class BatchGenerator:
 
     @torch.no_grad()
     def _admit(self) -> None:
-        if self.static and self.active:
+        if self.static and (self.active or self.held):
             return
-        free = [s for s in range(self.slots) if s not in self.active]
+        free = [s for s in range(self.slots) if s not in self.active and s not in self.held]
         joining = []
         while self.waiting and free:
             seq = self.waiting.popleft()
@@ -92,6 +99,7 @@ class BatchGenerator:
             token = int(torch.multinomial(probs, 1, generator=seq.generator))
         seq.response.append(token)
         seq.logprobs.append(float(logp[token]))
+        seq.mask.append(1)
 
     def _collect(self) -> list[Finished]:
         done = []

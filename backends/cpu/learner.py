@@ -28,6 +28,9 @@ class Rollout:
     values: list[float] | None = None
     key: tuple | None = None  # the sample id, so a remote learner can keep its copy
     masked: bool = False  # its score failed (aspc/controller/scoring.py): the fallback reward, advantage 0
+    loss_mask: list[int] | None = None  # agentic: 0 on tool tokens, which no loss term counts
+    episode: dict | None = None  # agentic: turns, tool calls, why it ended (aspc/controller/episodes.py)
+    text: str | None = None  # what the reward reads (agentic: the final answer); None: the whole response
 
 
 @dataclass
@@ -64,10 +67,10 @@ class Learner:
     # ---- forward stages ----
     def reward(self, rollouts: list[Rollout]) -> None:
         for r in rollouts:
-            text = _decode(r.response)
+            text = r.text if r.text is not None else _decode(r.response)
             r.task_reward = r.reward = self.reward_fn(r.prompt_text, text, r.answer, r.metadata)
             if self.shaped:
-                r.reward += overlong_penalty(len(r.response), self.s.max_tokens, self.s.overlong)
+                r.reward += overlong_penalty(model_tokens(r), self.s.max_tokens, self.s.overlong)
 
     @torch.no_grad()
     def reference(self, rollouts: list[Rollout]) -> None:
@@ -93,6 +96,8 @@ class Learner:
             chunk = [rollouts[i] for i in chunk_idx]
             batch = make_batch([(r.prompt, r.response) for r in chunk])
             mask = batch.response_mask()
+            if chunk[0].loss_mask is not None:  # tool tokens: attended to, in no loss term
+                mask = mask * _pad([r.loss_mask for r in chunk], batch.width)
             logp, entropy = token_logprobs(self.actor, batch)
             old = _pad([r.behaviour_logprobs for r in chunk], batch.width)
             ref = _pad([r.ref_logprobs for r in chunk], batch.width) if chunk[0].ref_logprobs is not None else None
@@ -152,6 +157,7 @@ class _StepStats:
         self.shaped = shaped
         self.lengths: list[int] = []
         self.failed = 0  # samples whose score failed (masked, with the fallback reward)
+        self.episodes: list[dict] = []  # agentic episodes trained this step
 
     def add(self, chunk, loss: float, tokens: float, clip_fraction: float) -> None:
         self.sequences += len(chunk)
@@ -161,6 +167,7 @@ class _StepStats:
         self.rewards += [r.task_reward for r in chunk if not r.masked]
         self.shaped_rewards += [r.reward for r in chunk if not r.masked]
         self.failed += sum(r.masked for r in chunk)
+        self.episodes += [r.episode for r in chunk if r.episode is not None]
         self.lengths += [len(r.response) for r in chunk]
 
     def summary(self) -> dict:
@@ -168,7 +175,25 @@ class _StepStats:
         shaped = {"shaped_reward": sum(self.shaped_rewards) / scored} if self.shaped else {}
         failed = {"score_failed": self.failed} if self.failed else {}
         return {"reward": sum(self.rewards) / scored, **shaped, "response_len": sum(self.lengths) / n,
-                "loss": self.loss / n, "clip_fraction": self.clip / n, "samples": self.sequences, **failed}
+                "loss": self.loss / n, "clip_fraction": self.clip / n, "samples": self.sequences, **failed,
+                **episode_metrics(self.episodes)}
+
+
+def model_tokens(r: Rollout) -> int:
+    """Tokens the model wrote (tool tokens do not count against its budget)."""
+    return sum(r.loss_mask) if r.loss_mask is not None else len(r.response)
+
+
+def episode_metrics(episodes: list[dict]) -> dict:
+    """Per step: mean turns and tool calls per episode, and how many ended for each reason."""
+    if not episodes:
+        return {}
+    n = len(episodes)
+    ended: dict[str, int] = {}
+    for e in episodes:
+        ended[e["ended"]] = ended.get(e["ended"], 0) + 1
+    return {"turns": sum(e["turns"] for e in episodes) / n, "tool_calls": sum(e["tool_calls"] for e in episodes) / n,
+            "ended": dict(sorted(ended.items()))}
 
 
 def _step(model, optimizer, scale: float, grad_clip: float) -> float:

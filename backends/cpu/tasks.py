@@ -3,6 +3,7 @@
   arith  "37+5=" -> "42"             operand sizes drawn long-tailed
   count  "#6=" -> "123456"           count up to n, n long-tailed: answer length = n
   copy   "c:4071=" -> "4071"         copy a string whose length is long-tailed
+  mul    "417*63=" -> "26271"        multiplication a tiny model cannot do alone (agentic: a calculator)
 
 Prompts are generated from a seed; prompt i of a data set is the same in every run.
 """
@@ -44,7 +45,12 @@ def copy(rng: random.Random, max_response: int) -> Example:
     return Example(f"c:{text}=", text)
 
 
-TASKS = {"arith": arith, "count": count, "copy": copy}
+def mul(rng: random.Random, max_response: int) -> Example:
+    a, b = rng.randint(10, 999), rng.randint(10, 99)
+    return Example(f"{a}*{b}=", str(a * b))
+
+
+TASKS = {"arith": arith, "count": count, "copy": copy, "mul": mul}
 
 
 def example(task: str, seed: int, index: int, max_response: int) -> Example:

@@ -1,9 +1,10 @@
-"""A character tokenizer for the built-in tasks: digits, a few operators, and three specials."""
+"""A character tokenizer for the built-in tasks: digits, a few operators, the brackets of the
+compact tool-call format, and three specials."""
 from __future__ import annotations
 
 PAD, BOS, EOS = 0, 1, 2
-SYMBOLS = "0123456789+-*=#c:"
-VOCAB_SIZE = 3 + len(SYMBOLS)  # 20; models may declare a larger vocab (unused rows)
+SYMBOLS = "0123456789+-*=#c:[]()"  # appended only: ids stay fixed, so shipped checkpoints keep their meaning
+VOCAB_SIZE = 3 + len(SYMBOLS)  # 24; models may declare a larger vocab (unused rows)
 _ID = {ch: i + 3 for i, ch in enumerate(SYMBOLS)}
 
 

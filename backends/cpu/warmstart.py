@@ -9,17 +9,20 @@ from aspc.backends.cpu.tokenizer import EOS, encode
 
 
 def warm_start(model, prompts, steps: int, batch_size: int = 32, lr: float = 3e-3, first_index: int = 10**7,
-               on_step=None) -> float:
+               on_step=None, demo=None, demo_every: int = 8) -> float:
     """Train on answers to prompts first_index.. (a range the RL run does not draw from);
-    returns the last loss."""
+    returns the last loss. `demo(prompt) -> (response ids, loss mask)` replaces one example in
+    `demo_every` (an agentic run's tool-call demonstration, whose tool tokens carry no loss)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     loss_value = float("nan")
     for step in range(steps):
-        items = [prompts(first_index + step * batch_size + i) for i in range(batch_size)]
-        pairs = [(p.ids, encode(p.answer or "") + [EOS]) for p in items]
-        batch = make_batch(pairs)
+        indices = [first_index + step * batch_size + i for i in range(batch_size)]
+        examples = [_example(prompts(i), demo if demo is not None and i % demo_every == 0 else None)
+                    for i in indices]
+        batch = make_batch([(ids, response) for ids, response, _ in examples])
         logp, _ = token_logprobs(model, batch)
-        mask = batch.response_mask()
+        mask = batch.response_mask() * torch.tensor([m + [0] * (batch.width - len(m)) for _, _, m in examples],
+                                                    dtype=torch.float32)
         loss = -(logp * mask).sum() / mask.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -28,3 +31,9 @@ def warm_start(model, prompts, steps: int, batch_size: int = 32, lr: float = 3e-
         if on_step is not None:
             on_step(step, loss_value)
     return loss_value
+
+
+def _example(prompt, demo) -> tuple[list[int], list[int], list[int]]:
+    """(prompt ids, response ids, loss mask): the answer, or the demonstration."""
+    response, mask = demo(prompt) if demo is not None else (encode(prompt.answer or "") + [EOS], None)
+    return prompt.ids, response, mask if mask is not None else [1] * len(response)

@@ -3,11 +3,17 @@
 Every active sequence gains one token per decode step, so an instance needs an event only when a
 sequence finishes or the batch changes — never one per token. With `count` decode steps done and
 C the sum of active contexts, k more steps take k*beta(B) + alpha*(k*C + B*k*(k-1)/2).
+
+Agentic episodes (docs/simulator.md, "Agentic episodes"): a sample's response is several model
+turns. When a turn that is not the last ends, the sequence leaves the decoding batch but keeps its
+KV slot (sticky) while its tool call runs; the driver runs the call and hands the sequence back
+(`resume`): its observation is prefilled, and its next turn decodes with the batch.
 """
 from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 
 from aspc.costmodel.roofline import GenerationCost
 
@@ -23,11 +29,22 @@ class GenInstance:
         self.busy_until = 0.0  # prefill or a weight load stalls decoding until then
         self.segments: list[tuple[float, float, str]] = []  # busy time: (start, end, category)
         self.generation = 0  # bumps when the next event changes (lazy heap invalidation)
-        self._lengths: dict[tuple, int] = {}  # sample -> its context when it finishes
+        self._lengths: dict[tuple, int] = {}  # sample -> its context when its turn ends
+        self._turns: dict[tuple, deque] = {}  # sample -> model tokens of its turns still to come
+        self._observations: dict[tuple, deque] = {}  # sample -> tokens of its tool results still to come
+        self.waiting: dict[tuple, int] = {}  # sequences on a tool call -> their context (their KV stays)
+        self.calls: list[tuple] = []  # turns ended by a tool call since the driver last looked
+        self.tool_held: list[tuple[float, float]] = []  # times some sequence waited on a tool call
+        self._held_since: float | None = None
 
     @property
     def batch(self) -> int:
         return len(self.active) + self.ghosts
+
+    @property
+    def live(self) -> bool:
+        """Sequences in the batch or on a tool call."""
+        return bool(self.active or self.waiting)
 
     def steps_time(self, k: int) -> float:
         b = self.batch
@@ -78,19 +95,80 @@ class GenInstance:
         return start + self.steps_time(self.active[0][0] - self.count)
 
     def pop_finished(self, now: float) -> list[tuple]:
+        """Samples whose last turn ended; turns that end in a tool call go to `calls`."""
         self.advance(now)
         done = []
         while self.active and self.active[0][0] <= self.count:
             _, sample = heapq.heappop(self.active)
-            done.append(sample)
+            if self._observations.get(sample):  # a tool call follows this turn
+                self._wait(sample)
+            else:
+                self._turns.pop(sample, None)
+                self._observations.pop(sample, None)
+                done.append(sample)
         if self.static:
             self.ghosts += len(done)
-            if not self.active:  # the static batch ends with its longest member
-                self.ghosts, self.context = 0, 0.0
+            self._end_static_batch()
         else:
             self.context -= sum(self._lengths.pop(s) for s in done)
         self.generation += 1
         return done
+
+    def _end_static_batch(self) -> None:
+        if not self.live:  # the static batch ends with its longest member
+            self.ghosts, self.context = 0, 0.0
+
+    def _wait(self, sample: tuple) -> None:
+        """The turn ended with a tool call: out of the decoding batch, its KV kept."""
+        context = self._lengths.pop(sample)
+        self.context -= context
+        self.waiting[sample] = context
+        self.calls.append(sample)
+        if self._held_since is None:
+            self._held_since = self.clock
+
+    def pop_calls(self) -> list[tuple]:
+        calls, self.calls = self.calls, []
+        return calls
+
+    def resume(self, now: float, sample: tuple) -> None:
+        """The sample's tool call returned: prefill its observation, then its next turn decodes."""
+        self._catch_up(now)
+        start = max(self.clock, self.busy_until)
+        observation = self._observations[sample].popleft()
+        self.busy_until = start + self.cost.prefill(observation, 1)
+        self.segments.append((start, self.busy_until, "useful"))
+        context = self.waiting.pop(sample) + observation
+        self._release_hold(now)
+        self._push(sample, context, self._turns[sample].popleft())
+
+    def end_on_tool(self, now: float, sample: tuple) -> None:
+        """The sample's episode ended on its tool call (a timeout): its slot is free, nothing decodes."""
+        self._catch_up(now)
+        context = self.waiting.pop(sample)
+        self._turns.pop(sample, None)
+        self._observations.pop(sample, None)
+        self._release_hold(now)
+        if self.static:  # a finished member holds its slot until the static batch ends
+            self.ghosts += 1
+            self.context += context
+            self._end_static_batch()
+        self.generation += 1
+
+    def _release_hold(self, now: float) -> None:
+        if not self.waiting and self._held_since is not None:
+            self.tool_held.append((self._held_since, now))
+            self._held_since = None
+
+    def held_intervals(self, until: float) -> list[tuple[float, float]]:
+        """When some sequence waited on a tool call (one still waiting counts until `until`)."""
+        return self.tool_held + ([(self._held_since, until)] if self._held_since is not None else [])
+
+    def _push(self, sample: tuple, context: int, turn: int) -> None:
+        heapq.heappush(self.active, (self.count + turn, sample))
+        self._lengths[sample] = context + turn
+        self.context += context
+        self.generation += 1
 
     def _finish_step_in_progress(self, now: float) -> None:
         """A decode step under way when new work arrives completes first (an engine admits new
@@ -104,25 +182,32 @@ class GenInstance:
             self.clock = end
             self.generation += 1
 
-    def admit(self, now: float, requests: list, response_len) -> None:
-        """Start requests: prefill them (a stall), then they decode with the batch."""
+    def _catch_up(self, now: float) -> None:
         self.advance(now)
         self._finish_step_in_progress(now)
         self.clock = max(self.clock, now)
+
+    def admit(self, now: float, requests: list, response_len, episode=None) -> None:
+        """Start requests: prefill them (a stall), then they decode with the batch. `episode`
+        (sample -> (model tokens per turn, observation tokens per tool call)): multi-turn samples;
+        a tool call follows each turn that has an observation (one more call than turns: the
+        episode ends on that call, `end_on_tool`)."""
+        self._catch_up(now)
         start = max(self.clock, self.busy_until)
         prompt_tokens = sum(r.prompt_len for r in requests)
         self.busy_until = start + self.cost.prefill(prompt_tokens, len(requests))
         self.segments.append((start, self.busy_until, "useful"))
         for r in requests:
-            length = response_len(r.sample)
-            heapq.heappush(self.active, (self.count + length, r.sample))
-            self._lengths[r.sample] = r.prompt_len + length
-            self.context += r.prompt_len
+            turns, observations = episode(r.sample) if episode else ((response_len(r.sample),), ())
+            if observations:
+                self._turns[r.sample] = deque(turns[1:])
+                self._observations[r.sample] = deque(observations)
+            self._push(r.sample, r.prompt_len, turns[0])
         self.generation += 1
 
     def accepts_more(self) -> bool:
         """Static batching admits a new batch only when the previous one has ended."""
-        return not self.static or not self.active
+        return not self.static or not self.live
 
     def load_weights(self, now: float, seconds: float, interrupt: bool) -> float:
         """A weight sync: stall for `seconds`; an interrupted batch re-prefills its KV cache."""
@@ -130,8 +215,8 @@ class GenInstance:
         self._finish_step_in_progress(now)
         start = max(now, self.busy_until, self.clock)
         end = start + seconds
-        if interrupt and self.active:
-            end += self.cost.prefill(int(self.context))
+        if interrupt and self.live:  # sequences on a tool call re-prefill their KV too
+            end += self.cost.prefill(int(self.context + sum(self.waiting.values())))
         self.busy_until = end
         self.segments.append((start, end, "sync"))
         self.generation += 1

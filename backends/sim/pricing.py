@@ -16,7 +16,7 @@ from aspc.costmodel.calibrated import Calibration, CalibratedGeneration, Calibra
 from aspc.costmodel.learner import WorkCost, packed_ranks, work_cost
 from aspc.costmodel.roofline import (GenerationCost, LearnerCost, dtype_bytes, hardware_of, offload_seconds,
                                      usable_hbm, weight_sync_seconds)
-from aspc.costmodel.workload import sample_step
+from aspc.costmodel.workload import Environment, draw_episode, sample_step
 from aspc.plan.execution_plan import ExecutionPlan, Instance, MicroBatching, StagePlan
 
 # A reward model scores whole sequences; the pack pass does not shape its micro-batches yet, so
@@ -39,11 +39,20 @@ class RooflinePricing:
         self.train_stage = plan.stages_of("train")[0]
         self.data = plan.dataset(self.gen_stage.data)
         samples = sample_step(self.data, 0)
-        self.mean_tokens = sum(s.tokens for s in samples) / len(samples)
+        self.mean_tokens = sum(s.tokens for s in samples) / len(samples) + self._mean_observations(samples)
         model = plan.model(self.gen_stage.model)
         self.weight_bytes = model.arch.total_params() * dtype_bytes(model.dtype)
         self._packed: dict[tuple, list] = {}
         self._lengths = {}
+
+    def _mean_observations(self, samples) -> float:
+        """Agentic episodes: a sequence's KV and the learner's sequence hold its tool results too."""
+        envs = self.plan.stages_of("environment")
+        if not envs:
+            return 0.0
+        env, group = Environment.of(dict(envs[0].options)), self.data.group
+        draws = [draw_episode(env, self.data, 0, i // group, i % group, s.response_len) for i, s in enumerate(samples)]
+        return sum(sum(d.observations) for d in draws) / len(draws)
 
     # ---- generation ----
     def generation_instance(self, stage: StagePlan, instance: Instance) -> GenInstance:

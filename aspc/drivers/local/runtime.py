@@ -331,6 +331,9 @@ class LocalRuntime:
         for worker in workers:
             if worker.is_alive():
                 worker.join(timeout=120 if worker is self.learner_worker else 10)
+        close = getattr(self.executors, "close", None)  # e.g. a run's tool processes
+        if close is not None:
+            close()
         self.stopped = True
 
 

@@ -1,9 +1,10 @@
 """The simulator's driver: runs the controller on a virtual clock, with every action priced by
 the simulator backend's executors (backends/sim/pricing.py: the roofline or a calibration).
 
-An event is a sample finishing, a batch changing, a learner-side item ending, a weight transfer
-ending or a time-shared pool changing hands — never a token. The driver decides nothing: the
-controller chooses what runs where and when; this file only prices and times it.
+An event is a sample finishing, a batch changing, a tool call ending, a learner-side item ending,
+a weight transfer ending or a time-shared pool changing hands — never a token. The driver
+decides nothing: the controller chooses what runs where and when; this file only prices and
+times it (and runs the episodes' tool calls on the environment's runners, aspc/drivers/sim/episodes.py).
 """
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from aspc.controller.events import (Action, Checkpoint, Dispatch, Finished, Inst
                                     OptimizerStep, PoolSwitched, PublishWeights, RestartInstance, RunWork,
                                     SampleFinished, Start, SwitchPool, SyncWeights, WeightsLoaded, WeightsPublished,
                                     Work, WorkFinished)
-from aspc.costmodel.workload import sample_step
+from aspc.controller.episodes import EpisodePolicy
+from aspc.costmodel.workload import Environment, draw_episode, sample_step
+from aspc.drivers.sim.episodes import EpisodePlan, ToolRunners, plan_episode
 from aspc.plan.execution_plan import ExecutionPlan, Instance, StagePlan
 
 
@@ -78,6 +81,14 @@ class Simulation:
         self.modes: dict[str, list[tuple[float, str]]] = {shared: [(0.0, "gen")]} if shared else {}
         self.switch_spans: list[tuple[float, float, str]] = []
         self.done = False
+        envs = plan.stages_of("environment")
+        self.env = Environment.of(dict(envs[0].options)) if envs else None
+        self.policy = EpisodePolicy.of(envs[0]) if envs else None
+        self.tools = ToolRunners(self.env.workers if self.env else 0)
+        self._episodes: dict[tuple, EpisodePlan] = {}
+        self._calls_done: dict[tuple, int] = {}
+        self.tool_calls = 0
+        self.endings: dict[str, int] = {}
 
     # ---- the workload ----
     def _sample(self, step: int, prompt: int, index: int):
@@ -86,7 +97,27 @@ class Simulation:
         return self._steps_cache[step][prompt * self.data.group + index]
 
     def _truth(self, sample) -> int:
-        return self._sample(*sample).response_len
+        """The model tokens the sample generates (over all its turns)."""
+        return self.episode(sample).model_tokens if self.env else self._sample(*sample).response_len
+
+    def tokens(self, sample) -> int:
+        """The sample's whole sequence as the learner reads it: prompt, turns and tool results."""
+        s = self._sample(*sample)
+        if self.env is None:
+            return s.tokens
+        episode = self.episode(sample)
+        return s.prompt_len + episode.model_tokens + episode.observation_tokens
+
+    def episode(self, sample) -> EpisodePlan:
+        if sample not in self._episodes:
+            step, prompt, index = sample
+            draw = draw_episode(self.env, self.data, step, prompt, index, self._sample(*sample).response_len)
+            self._episodes[sample] = plan_episode(self.env, self.policy, draw)
+        return self._episodes[sample]
+
+    def _turns(self, sample) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        episode = self.episode(sample)
+        return episode.turns, tuple(c.observation for c in episode.calls)
 
     # ---- the loop ----
     def run(self) -> None:
@@ -150,7 +181,7 @@ class Simulation:
 
     def _dispatch(self, a: Dispatch) -> None:
         inst = self.instances[a.instance]
-        inst.admit(self.now, list(a.requests), self._truth)
+        inst.admit(self.now, list(a.requests), self._truth, self._turns if self.env else None)
         if inst.static:
             self.feed(InstanceIdle(a.instance, 0))
         self._schedule_instance(inst)
@@ -160,7 +191,7 @@ class Simulation:
             self.feed(WorkFinished(a.work.id))
             return
         stage = self.plan.stage(a.work.stage)
-        lengths = [self._sample(*s).tokens for s in a.work.samples]
+        lengths = [self.tokens(s) for s in a.work.samples]
         wc = self.pricing.work(a.work, stage, lengths)
         ex = self.executors[a.executor]
         label = f"{a.work.kind} step {a.work.step} ({len(a.work.samples)} samples)"
@@ -199,13 +230,51 @@ class Simulation:
         if generation != inst.generation:
             return
         for sample in inst.pop_finished(self.now):
-            self.feed(SampleFinished(sample, index, self._truth(sample)))
-            self.finished_at[len(self.finished_at)] = self.now
-        if inst.static and not inst.active:
+            self._finish(index, sample)
+        for sample in inst.pop_calls():
+            self._call_tool(index, sample)
+        if inst.static and not inst.live:
             self.feed(InstanceIdle(index, inst.capacity))
         self._schedule_instance(inst)
         if self.progress is not None:
             self.progress(self.controller.version)
+
+    def _finish(self, index: int, sample) -> None:
+        self.feed(SampleFinished(sample, index, self._truth(sample)))
+        self.finished_at[len(self.finished_at)] = self.now
+        self._calls_done.pop(sample, None)
+        if self.env is not None and sample[0] < self.steps:  # what the report counts: the steps trained
+            ended = self.episode(sample).ended
+            self.endings[ended] = self.endings.get(ended, 0) + 1
+
+    # ---- tool calls (agentic episodes) ----
+    def _call_tool(self, index: int, sample) -> None:
+        """A turn ended in a tool call: it waits for a free runner, then runs for its latency."""
+        self.tools.submit((index, sample))
+        self._start_tools()
+
+    def _start_tools(self) -> None:
+        for runner, (index, sample) in self.tools.start():
+            call = self.episode(sample).calls[self._calls_done.get(sample, 0)]
+            end = self.now + call.seconds
+            self.ledger.spans.append(Span(f"tools[{runner}]", self.now, end, "tool",
+                                          f"{call.tool} (sample {'/'.join(map(str, sample))})"))
+            self.tool_calls += sample[0] < self.steps
+            self.at(end, "tool", runner, index, sample)
+
+    def _at_tool(self, runner: int, index: int, sample) -> None:
+        self.tools.release(runner)
+        inst, episode = self.instances[index], self.episode(sample)
+        self._calls_done[sample] = done = self._calls_done.get(sample, 0) + 1
+        if done == len(episode.calls) and episode.ends_on_call:
+            inst.end_on_tool(self.now, sample)
+            self._finish(index, sample)
+            if inst.static and not inst.live:
+                self.feed(InstanceIdle(index, inst.capacity))
+        else:
+            inst.resume(self.now, sample)
+        self._start_tools()
+        self._schedule_instance(inst)
 
     def _load(self, a: SyncWeights) -> None:
         inst = self.instances[a.instance]

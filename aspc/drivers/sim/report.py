@@ -5,10 +5,16 @@ from aspc.accounting.ledger import CATEGORIES
 from aspc.drivers.sim.result import SimResult
 
 
+def shown(results: list[SimResult]) -> tuple[str, ...]:
+    """The categories a report prints: tool_wait only for agentic plans (episodes with tool calls)."""
+    agentic = any(r.tool_calls or r.bubbles.get("tool_wait") for r in results)
+    return tuple(c for c in CATEGORIES if c != "tool_wait" or agentic)
+
+
 def summary(r: SimResult) -> str:
     stale = "  ".join(f"{k}: {v}" for k, v in r.staleness.items()) or "-"
-    bubbles = "  ".join(f"{c} {100 * r.share(c):.1f}%" for c in CATEGORIES)
-    return "\n".join([
+    bubbles = "  ".join(f"{c} {100 * r.share(c):.1f}%" for c in shown([r]))
+    lines = [
         f"{r.pipeline}  schedule {r.schedule}  ({r.devices} devices, {r.steps} steps, "
         f"{r.samples_per_step} samples/step, mean prompt {r.mean_prompt:.0f} / response {r.mean_response:.0f} tokens)",
         f"  step time   {r.step_time:10.2f} s    bubble-free bound {r.bound_step_time:.2f} s, "
@@ -18,7 +24,11 @@ def summary(r: SimResult) -> str:
         f"  staleness   {stale}",
         f"  bubbles     {bubbles}",
         f"  pools       {pool_shares(r)}",
-    ]) + "\n"
+    ]
+    if r.tool_calls:
+        endings = "  ".join(f"{k} {v}" for k, v in r.endings.items())
+        lines.append(f"  episodes    {r.tool_calls / r.steps:.0f} tool calls/step, ended: {endings}")
+    return "\n".join(lines) + "\n"
 
 
 def pool_shares(r: SimResult) -> str:
@@ -30,8 +40,9 @@ def pool_shares(r: SimResult) -> str:
 
 def compare_table(results: list[SimResult]) -> str:
     by = {r.schedule: r for r in results}
+    categories = shown(results)
     head = ("| schedule | step time (s) | e2e_tps | samples/s | vs sync | vs sync-naive | efficiency | "
-            + " | ".join(CATEGORIES) + " | staleness |")
+            + " | ".join(categories) + " | staleness |")
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
         vs_sync = _ratio(by.get("sync"), r)
@@ -39,7 +50,7 @@ def compare_table(results: list[SimResult]) -> str:
         stale = ", ".join(f"{k}:{v}" for k, v in r.staleness.items())
         rows.append(f"| {r.schedule} | {r.step_time:.2f} | {r.e2e_tps:.1f} | {r.samples_per_s:.2f} | {vs_sync} | "
                     f"{vs_naive} | {100 * r.efficiency:.1f}% | "
-                    + " | ".join(f"{100 * r.share(c):.1f}%" for c in CATEGORIES) + f" | {stale} |")
+                    + " | ".join(f"{100 * r.share(c):.1f}%" for c in categories) + f" | {stale} |")
     rows.append("")
     rows.append("busy device-time by pool (share of all busy device-seconds; util: busy / the pool's devices x wall):")
     rows += [f"  {r.schedule:<10}  {pool_shares(r)}" for r in results]

@@ -21,6 +21,8 @@ class SimResult:
     staleness: dict[int, int]
     spans: list = field(default_factory=list)
     pools: dict[str, tuple[int, float]] = field(default_factory=dict)  # pool -> (devices, busy device-seconds)
+    tool_calls: int = 0  # agentic episodes: tool calls run (0 without an environment stage)
+    endings: dict[str, int] = field(default_factory=dict)  # agentic episodes: why they ended -> count
 
     @property
     def step_time(self) -> float:
@@ -67,12 +69,14 @@ def collect(sim: Simulation) -> SimResult:
     _account_learners(sim, wall)
     pools = _pool_busy(sim, wall)
     bubbles = sim.ledger.close(devices * wall)
-    samples = [sim._sample(step, p, g) for step in range(sim.steps)
-               for p in range(sim.data.prompts_per_step) for g in range(sim.data.group)]
+    keys = [(step, p, g) for step in range(sim.steps)
+            for p in range(sim.data.prompts_per_step) for g in range(sim.data.group)]
+    prompts = sum(sim._sample(*k).prompt_len for k in keys) / len(keys)
+    responses = sum(sim._truth(k) for k in keys) / len(keys)  # model tokens only (not tool results)
     return SimResult(sim.plan.pipeline, sim.plan.schedule, sim.steps, devices, wall,
-                     sim.data.samples_per_step, sum(s.prompt_len for s in samples) / len(samples),
-                     sum(s.response_len for s in samples) / len(samples), bubbles,
-                     dict(sorted(sim.controller.staleness.items())), sim.ledger.spans, pools)
+                     sim.data.samples_per_step, prompts, responses, bubbles,
+                     dict(sorted(sim.controller.staleness.items())), sim.ledger.spans, pools,
+                     sim.tool_calls, dict(sorted(sim.endings.items())))
 
 
 def _pool_busy(sim: Simulation, wall: float) -> dict[str, tuple[int, float]]:
@@ -116,13 +120,22 @@ def _account_instances(sim: Simulation, wall: float) -> None:
         for start, end, category in inst.segments:
             sim.ledger.span(track, start, min(end, wall), category, category, inst.devices)
         peers = merge([iv for j, ivs in busy.items() if j != inst.index for iv in ivs])
+        held = merge([(a, min(b, wall)) for a, b in inst.held_intervals(wall)])
         for owned_start, owned_end in owned:
             for gap in gaps(busy[inst.index], owned_start, owned_end):
-                skew, wait = split_by(gap, peers)
-                for a, b in skew:
-                    sim.ledger.span(track, a, b, "skewness", "idle: a peer still works", inst.devices)
-                for a, b in wait:
-                    sim.ledger.span(track, a, b, "sorting", "idle: input not released", inst.devices)
+                tools, rest = split_by(gap, held)  # idle while its live episodes all wait on tools
+                for a, b in tools:
+                    sim.ledger.span(track, a, b, "tool_wait", "idle: every episode waits on a tool", inst.devices)
+                for part in rest:
+                    _account_idle(sim, track, part, peers, inst.devices)
+
+
+def _account_idle(sim: Simulation, track: str, gap: tuple[float, float], peers, devices: int) -> None:
+    skew, wait = split_by(gap, peers)
+    for a, b in skew:
+        sim.ledger.span(track, a, b, "skewness", "idle: a peer still works", devices)
+    for a, b in wait:
+        sim.ledger.span(track, a, b, "sorting", "idle: input not released", devices)
 
 
 def _account_learners(sim: Simulation, wall: float) -> None:

@@ -1,0 +1,106 @@
+"""Agentic RL on the CPU backend: multi-turn episodes with a calculator tool (backends/cpu/episodes.py,
+agentic.py), their policy (aspc/controller/episodes.py), tool-call formats and the loss mask."""
+import copy
+
+import torch
+
+from aspc.backends.cpu.agentic import demonstration, final_answer, is_masked
+from aspc.backends.cpu.data import Prompt
+from aspc.backends.cpu.learner import Learner, Rollout, TrainSettings
+from aspc.backends.cpu.model import TinyQwen
+from aspc.backends.cpu.tokenizer import BOS, EOS, encode
+from aspc.backends.cpu.tool_calls import parse_compact, parse_hermes
+from aspc.controller import episodes as ep
+from aspc.ir.facts import ModelArch
+from conftest import ROOT, verified_accuracy_over_a_run
+
+PIPELINE = ROOT / "pipelines" / "tiny_agentic.aspl"
+ARCH = ModelArch(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=256, vocab=32, max_seq=64)
+
+
+def test_calls_are_parsed_by_their_format():
+    assert parse_compact("[417*63]", "calc").arguments == "417*63"
+    assert parse_compact("12]", "calc") is None and parse_compact("[]", "calc") is None
+    call = parse_hermes('<tool_call>{"name": "calc", "arguments": {"expression": "2*3"}}</tool_call>', {"calc"})
+    assert call.tool == "calc" and '"expression": "2*3"' in call.arguments
+    assert parse_hermes('<tool_call>{"name": "shell", "arguments": {}}</tool_call>', {"calc"}) is None
+    assert parse_hermes("<tool_call>{not json</tool_call>", {"calc"}) is None
+
+
+def test_the_episode_policy_ends_episodes_for_their_reasons():
+    policy = ep.EpisodePolicy(max_turns=3, max_invalid=2)
+    episode = ep.Episode()
+    assert episode.after_turn(policy, ep.CALL) is None and episode.tool_calls == 1
+    assert episode.after_turn(policy, ep.EOS) == ep.ANSWER
+    invalid = ep.Episode()
+    assert invalid.after_turn(policy, ep.BAD_CALL) is None
+    assert invalid.after_turn(policy, ep.BAD_CALL) == ep.INVALID  # an invalid-call loop ends
+    long = ep.Episode()
+    assert [long.after_turn(policy, ep.CALL) for _ in range(3)] == [None, None, ep.MAX_TURNS]
+    assert ep.Episode().after_turn(policy, ep.OUT_OF_BUDGET) == ep.BUDGET
+    crashed, slow, raised = ep.Episode(), ep.Episode(), ep.Episode()
+    assert crashed.tool_failed("crashed") == ep.TOOL_CRASHED and is_masked({"ended": crashed.ended})
+    assert slow.tool_failed("timeout") == ep.TOOL_TIMEOUT and not is_masked({"ended": slow.ended})
+    assert raised.tool_failed("error") is None  # an error is an observation the model reads
+
+
+def test_a_demonstration_masks_the_tool_tokens_and_the_answer_follows_them():
+    response, mask = demonstration(Prompt("417*63=", [BOS] + encode("417*63="), "26271"))
+    assert response == encode("[417*63](26271)26271") + [EOS]
+    assert [m for m, t in zip(mask, response) if t in encode("(26271)")[:1]] == [0]
+    assert final_answer(response, mask) == "26271"
+    assert final_answer(encode("42") + [EOS], [1, 1, 1]) == "42"
+
+
+def _settings():
+    return TrainSettings(loss="grpo", lr=1e-3, kl=0.1, clip=0.2, clip_high=0.2, value_coef=0.5, entropy_coef=0.01,
+                         micro_tokens=1024, weight_decay=0.0, grad_clip=0.0, overlong=0, max_tokens=24,
+                         estimator="grpo", gamma=1.0, lam=1.0, normalize=True, group=2)
+
+
+def _gradients(tool_logprob: float, tool_ref: float) -> list[torch.Tensor]:
+    """The policy gradient of two episodes whose tool tokens' behaviour and reference log-probs are set."""
+    actor = TinyQwen(ARCH, seed=0)
+    learner = Learner(actor, copy.deepcopy(actor), None, _settings(), None)
+    rollouts = []
+    for reward, answer in ((1.0, "26271"), (0.0, "26270")):
+        response, mask = demonstration(Prompt("417*63=", [], answer))
+        logprobs = [-1.0 if m else tool_logprob for m in mask]
+        r = Rollout([BOS] + encode("417*63="), response, logprobs, "417*63=", "26271", loss_mask=mask,
+                    reward=reward)
+        r.ref_logprobs = [-1.2 if m else tool_ref for m in mask]
+        rollouts.append(r)
+    learner.train(rollouts)
+    return [p.grad.clone() for p in actor.parameters() if p.grad is not None]
+
+
+def test_tool_tokens_carry_no_gradient():
+    """Changing the tool tokens' old and reference log-probs changes no loss term: they are read
+    (attended to) but never trained on."""
+    base, changed = _gradients(-0.5, -0.5), _gradients(-9.0, -3.0)
+    assert base and all(torch.equal(a, b) for a, b in zip(base, changed))
+
+
+def test_an_unimportable_tool_module_is_a_located_error(aspc, tmp_path):
+    text = PIPELINE.read_text().replace("tiny_tools:calc", "no_such_tools:calc")
+    (tmp_path / "p.aspl").write_text(text)
+    result = aspc("check", str(tmp_path / "p.aspl"))
+    assert result.exit_code == 1 and "p.aspl:" in result.output and "no_such_tools" in result.output
+
+
+def test_the_cpu_backend_refuses_hermes_calls(aspc, tmp_path):
+    (tmp_path / "tiny_tools.py").write_text((ROOT / "pipelines" / "tiny_tools.py").read_text())
+    (tmp_path / "p.aspl").write_text(PIPELINE.read_text().replace("format = compact", "format = hermes"))
+    result = aspc("run", str(tmp_path / "p.aspl"), "--steps", "1")
+    assert result.exit_code == 1 and "compact tool calls only" in result.output and "Traceback" not in result.output
+
+
+def test_agentic_rl_raises_accuracy_with_tools_and_makes_the_calls_right():
+    """The acceptance test: after a warm start that shows the call format, RL raises the greedy
+    held-out accuracy (verified final answers) and the fraction of calls that get the right number."""
+    before, after, result, runtime = verified_accuracy_over_a_run(PIPELINE, steps=40, warmstart=800)
+    calls_after = runtime.executors.evaluate_episodes(256)
+    assert after > before + 0.1, f"greedy verified accuracy with tools {before:.3f} -> {after:.3f}"
+    assert calls_after["right_calls"] > 0.9 and calls_after["called"] > 0.95
+    assert all(m["ended"].get("answer", 0) > 0 and m["tool_calls"] > 0 for m in result.metrics)
+    assert result.metrics[-1]["tool_calls"] >= result.metrics[0]["tool_calls"]
