@@ -104,3 +104,46 @@ def test_agentic_rl_raises_accuracy_with_tools_and_makes_the_calls_right():
     assert calls_after["right_calls"] > 0.9 and calls_after["called"] > 0.95
     assert all(m["ended"].get("answer", 0) > 0 and m["tool_calls"] > 0 for m in result.metrics)
     assert result.metrics[-1]["tool_calls"] >= result.metrics[0]["tool_calls"]
+
+
+FLAKY_TOOLS = '''
+import os
+
+
+def calc(expression):
+    if "7" in expression:
+        os._exit(3)  # the tool's worker dies mid-call: an infrastructure failure
+    if "3" in expression:
+        raise ValueError("no")  # an error observation
+    if "5" in expression:
+        return "\\udcff garbage \\x00 " * 1000  # unreadable, long
+    return "12"
+'''
+
+
+def test_tools_that_crash_raise_or_print_garbage_lose_no_sample(tmp_path):
+    from aspc.backends.cpu.executors import CpuExecutors
+    from aspc.drivers.local.runtime import LocalRuntime, RunOptions
+    from aspc.plan.toolchain import compile_with_passes
+
+    (tmp_path / "tiny_tools.py").write_text(FLAKY_TOOLS)
+    (tmp_path / "p.aspl").write_text(PIPELINE.read_text())
+    plan = compile_with_passes(tmp_path / "p.aspl", []).plan()
+    runtime = LocalRuntime(plan, tmp_path, RunOptions(steps=2, warmstart_steps=100, seed=0), CpuExecutors)
+    runtime.build()
+    result = runtime.run()
+    ended = {}
+    for m in result.metrics:
+        assert len(m["trained"]) == m["samples"] == 64  # every episode trained, whatever its tool did
+        for reason, count in m["ended"].items():
+            ended[reason] = ended.get(reason, 0) + count
+    assert ended.get("tool_crashed", 0) > 0 and ended.get("answer", 0) > 0
+    crashed = [r for r in runtime.rollouts.values() if r.episode and r.episode["ended"] == "tool_crashed"]
+    assert crashed and all(r.masked for r in crashed)
+    error = encode("(#)")
+    assert any(_contains(r.response, error) and r.episode["ended"] == "answer"
+               for r in runtime.rollouts.values())  # an error observation, and the episode went on to answer
+
+
+def _contains(tokens: list[int], part: list[int]) -> bool:
+    return any(tokens[i:i + len(part)] == part for i in range(len(tokens)))
