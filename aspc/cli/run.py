@@ -227,7 +227,8 @@ def _report(result, runtime, metrics: Path, trace_path, plan) -> None:
     click.echo(f"{plan.pipeline} ({plan.schedule}): {len(rows)} steps in {result.wall_s:.1f} s{warm}; mean reward "
                f"{first:.3f} over the first {window} steps -> {final:.3f} over the last {window}")
     shares = bubble_shares(result.spans, result.wall_s)
-    click.echo("worker time: " + "  ".join(f"{c} {100 * v:.1f}%" for c, v in shares.items()))
+    shown = {c: v for c, v in shares.items() if c != "tool_wait" or v}  # the local runtime does not measure it yet
+    click.echo("worker time: " + "  ".join(f"{c} {100 * v:.1f}%" for c, v in shown.items()))
     failed = sum(m.get("score_failed", 0) for m in rows)
     if failed:
         click.echo(f"judge: {failed} of {sum(m.get('samples', 0) for m in rows)} samples had a failed call "
