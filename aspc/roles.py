@@ -12,7 +12,8 @@ contract in pyproject.toml). Which role runs a stage is the stage-kind table's
   optimizer step, the weights it publishes (and a rule or python reward, on the host).
 - `ForwardModel` — a model that scores token sequences on its own devices (a reward model).
 - `Judge` — a generation engine used as a scorer (an LLM judge): it writes a verdict per rollout.
-- `ToolRunner` — runs a tool call of an environment episode with a timeout; refused until issue 13.
+- `ToolRunner` — runs one tool call of an environment episode to its end (`Executors.tools()`);
+  the driver calls it from one thread per runner, on the controller's RunTool.
 """
 from __future__ import annotations
 
@@ -30,6 +31,21 @@ class GenerationEngine(Protocol):
     def step(self) -> list: ...  # finished samples: .key, .prompt, .response, .logprobs
 
     def load_weights(self, state: Any) -> None: ...
+
+
+class EpisodeEngine(GenerationEngine, Protocol):
+    """A generation engine of agentic episodes (an environment stage): a turn ending in a tool
+    call holds its slot (`held`) until the driver resumes it with the tool's result."""
+
+    held: dict
+
+    def pop_calls(self) -> list: ...  # turns ended by a call: .key, .call, .context, .turns, .generated
+
+    def resume(self, key: Any, result: Any) -> list: ...  # finished samples (the episode may end)
+
+    def detach(self, key: Any) -> Any: ...  # the episode leaves (moved): its state
+
+    def adopt(self, state: Any, result: Any) -> list: ...  # a moved episode: its history prefilled here
 
 
 class Trainer(Protocol):
@@ -61,7 +77,7 @@ class Judge(Protocol):
 
 
 class ToolRunner(Protocol):
-    def run(self, tool: str, arguments: str, timeout_s: float) -> str: ...
+    def run(self, call: Any) -> Any: ...  # a ToolResult: .status ("ok"|"error"|"timeout"|"crashed"), .observation
 
 
 class Executors(Protocol):
@@ -86,6 +102,8 @@ class Executors(Protocol):
     def forward_model(self, stage: str, instance: int) -> ForwardModel: ...
 
     def judge(self, stage: str, instance: int) -> Judge: ...
+
+    def tools(self) -> ToolRunner: ...  # the environment's tools (plans with an environment stage)
 
     def switch_pool(self, pool: str, mode: str) -> None: ...  # offload one side, onload the other
 

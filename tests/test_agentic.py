@@ -108,9 +108,12 @@ def test_agentic_rl_raises_accuracy_with_tools_and_makes_the_calls_right():
 
 FLAKY_TOOLS = '''
 import os
+import time
 
 
 def calc(expression):
+    if "9" in expression:
+        time.sleep(30)  # runs past its timeout (0.5 s in this test): the episode ends, tool_timeout
     if "7" in expression:
         os._exit(3)  # the tool's worker dies mid-call: an infrastructure failure
     if "3" in expression:
@@ -121,13 +124,14 @@ def calc(expression):
 '''
 
 
-def test_tools_that_crash_raise_or_print_garbage_lose_no_sample(tmp_path):
+def test_tools_that_time_out_crash_raise_or_print_garbage_lose_no_sample(tmp_path):
+    from aspc.accounting.measured import bubble_shares
     from aspc.backends.cpu.executors import CpuExecutors
     from aspc.drivers.local.runtime import LocalRuntime, RunOptions
     from aspc.plan.toolchain import compile_with_passes
 
     (tmp_path / "tiny_tools.py").write_text(FLAKY_TOOLS)
-    (tmp_path / "p.aspl").write_text(PIPELINE.read_text())
+    (tmp_path / "p.aspl").write_text(PIPELINE.read_text().replace("timeout = 5", "timeout = 0.5"))
     plan = compile_with_passes(tmp_path / "p.aspl", []).plan()
     runtime = LocalRuntime(plan, tmp_path, RunOptions(steps=2, warmstart_steps=100, seed=0), CpuExecutors)
     runtime.build()
@@ -137,13 +141,92 @@ def test_tools_that_crash_raise_or_print_garbage_lose_no_sample(tmp_path):
         assert len(m["trained"]) == m["samples"] == 64  # every episode trained, whatever its tool did
         for reason, count in m["ended"].items():
             ended[reason] = ended.get(reason, 0) + count
-    assert ended.get("tool_crashed", 0) > 0 and ended.get("answer", 0) > 0
+    assert ended.get("tool_crashed", 0) > 0 and ended.get("tool_timeout", 0) > 0 and ended.get("answer", 0) > 0
     crashed = [r for r in runtime.rollouts.values() if r.episode and r.episode["ended"] == "tool_crashed"]
     assert crashed and all(r.masked for r in crashed)
     error = encode("(#)")
     assert any(_contains(r.response, error) and r.episode["ended"] == "answer"
                for r in runtime.rollouts.values())  # an error observation, and the episode went on to answer
+    timed_out = [r for r in runtime.rollouts.values() if r.episode and r.episode["ended"] == "tool_timeout"]
+    assert timed_out and not any(r.masked for r in timed_out)  # the model's call: scored, not masked
+    calls = [s for s in result.spans if s.category == "tool"]  # the tool runners: a resource in the trace
+    assert calls and {s.track for s in calls} <= {f"tools[{k}]" for k in range(4)}  # tool_workers = 4
+    for track in {s.track for s in calls}:  # one call at a time per runner
+        own = sorted((s.start, s.end) for s in calls if s.track == track)
+        assert all(a[1] <= b[0] + 1e-9 for a, b in zip(own, own[1:]))
+    assert bubble_shares(result.spans, result.wall_s)["tool_wait"] > 0  # instances idle on 0.5 s timeouts
 
 
 def _contains(tokens: list[int], part: list[int]) -> bool:
     return any(tokens[i:i + len(part)] == part for i in range(len(tokens)))
+
+
+def _scripted_generator(script: str, max_invalid: int = 2, max_turns: int = 4, end: bool = False):
+    """An episode generator over the tiny model whose sampled tokens are replaced by `script`
+    (repeated; `end`: then end of sequence): the model's choices are fixed, the rest is real."""
+    from aspc.backends.cpu.episodes import Environment, EpisodeGenerator
+
+    env = Environment(ep.EpisodePolicy(max_turns, max_invalid), "calc", 16)
+    generator = EpisodeGenerator(TinyQwen(ARCH, seed=0).eval(), 4, 24, 1.0, 1.0, False, env)
+    tokens = encode(script) + ([EOS] if end else [])
+    sample = generator._sample
+
+    def scripted(seq, logits):
+        sample(seq, logits)
+        written = sum(seq.mask) - 1  # the model tokens before this one
+        seq.response[-1] = tokens[written % len(tokens)]
+        generator.logits[written] = logits.clone()
+
+    generator._sample = scripted
+    generator.logits = {}
+    return generator
+
+
+class _Result:
+    def __init__(self, status: str, observation: str = ""):
+        self.status, self.observation = status, observation
+
+
+def _episodes(generator, tool=lambda call: _Result("ok", "6")) -> list:
+    done = []
+    while generator.busy or generator.held:
+        done += generator.step() if generator.busy else []
+        for c in generator.pop_calls():
+            done += generator.resume(c.key, tool(c.call))
+    return done
+
+
+def test_an_invalid_call_loop_ends_the_episode_and_keeps_the_sample():
+    generator = _scripted_generator("2]")  # a close without an open: malformed, again and again
+    generator.add("a", [BOS] + encode("2*3="), seed=0)
+    [finished] = _episodes(generator)
+    assert finished.episode["ended"] == ep.INVALID and finished.episode["turns"] == 2
+    error = encode("(#)")  # the first invalid call got the error observation, masked from the loss
+    at = next(i for i in range(len(finished.response)) if finished.response[i:i + 3] == error)
+    assert finished.mask[at:at + 3] == [0, 0, 0] and sum(finished.mask) == 4
+
+
+def test_a_moved_episode_goes_on_from_the_same_tokens():
+    """detach on one instance, adopt on another: the history's token ids are prefilled there (not
+    re-encoded), the tool's result appended, and the episode ends as it would have at home."""
+    home, away = _scripted_generator("[2*3]6", end=True), _scripted_generator("[2*3]6", end=True)
+    stay = _scripted_generator("[2*3]6", end=True)  # the same episode, resumed where it is
+    for generator in (home, stay):
+        generator.add("a", [BOS] + encode("2*3="), seed=0)
+        while not generator.held:
+            generator.step()
+    stayed = _episodes(stay, tool=lambda call: _Result("ok", "6"))
+    [call] = home.pop_calls()
+    assert call.call.arguments == "2*3" and call.context == len(encode("2*3=")) + 1 + len(encode("[2*3]"))
+    moved = home.detach("a")
+    assert not home.held and not home.busy
+    done = away.adopt(moved, _Result("ok", "6"))
+    while away.busy:
+        done += away.step()
+    [finished] = done
+    assert finished.response == encode("[2*3](6)6") + [EOS] and finished.episode["ended"] == ep.ANSWER
+    assert finished.mask == [1] * 5 + [0] * 3 + [1, 1]
+    assert final_answer(finished.response, finished.mask) == "6"
+    assert finished.response == stayed[0].response
+    for written in (5, 6):  # the turn after the observation sees the same history through its KV cache
+        assert torch.allclose(away.logits[written], stay.logits[written], atol=1e-5)

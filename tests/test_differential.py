@@ -30,17 +30,24 @@ _JUDGE = {**_REWARD_MODEL, "reward(gen, model = rm) on judges": 'reward(gen, sou
 _REWARD_ON_LEARNER = {**_DISAGGREGATED,  # the reward model time-shares the trainer's executor
                       "model ref = frozen(actor)": "model ref = frozen(actor)\nmodel rm = frozen(actor)",
                       'reward(gen, rule = "exact_match")': "reward(gen, model = rm) on learner"}
+_CONTENDED = {**_DISAGGREGATED, "tool_workers = 4": "tool_workers = 1",  # one tool runner; syncs at turn boundaries
+              "stream = 8 }": "stream = 8, partial_rollout = 2 }"}
+_TIMEOUTS = {"timeout = 5": "timeout = 0.5"}  # every call runs past its timeout: episodes end on it
 PLANS = {"time_shared": {}, "disaggregated": _DISAGGREGATED, "reward_model": _REWARD_MODEL, "judge": _JUDGE,
-         "reward_on_learner": _REWARD_ON_LEARNER}
+         "reward_on_learner": _REWARD_ON_LEARNER, "agentic": {}, "agentic_contended": _CONTENDED,
+         "agentic_timeouts": _TIMEOUTS}
+BASES = {"agentic": "tiny_agentic", "agentic_contended": "tiny_agentic", "agentic_timeouts": "tiny_agentic"}
 
 
-def _plan(tmp_path, name: str, schedule: str):
-    text = (ROOT / "pipelines" / "tiny_grpo.aspl").read_text()
-    for old, new in PLANS[name].items():
+def _plan(tmp_path, name: str, schedule: str, replacements: dict | None = None):
+    base = BASES.get(name, "tiny_grpo")
+    text = (ROOT / "pipelines" / f"{base}.aspl").read_text()
+    for old, new in (replacements or PLANS[name]).items():
         assert old in text, old
         text = text.replace(old, new)
     path = tmp_path / f"{name}.aspl"
     path.write_text(text)
+    (tmp_path / "tiny_tools.py").write_text((ROOT / "pipelines" / "tiny_tools.py").read_text())
     return compile_with_passes(path, [], schedule).plan()
 
 
@@ -111,10 +118,35 @@ def test_sim_and_local_drivers_take_the_same_actions(tmp_path, recorded, name, s
         executors = {a.executor for _, _, actions in sim_trace for a in actions
                      if type(a).__name__ == "RunWork" and a.work.kind == "reward"}
         assert len(executors) == 2
+    if name.startswith("agentic"):  # tool calls are the controller's: queued for runners, resumed on instances
+        assert {"RunTool", "ResumeEpisode"} <= kinds
+    if name == "agentic_contended" and schedule == "asp":  # syncs wait for turn boundaries, then interrupt
+        assert any(type(a).__name__ == "SyncWeights" and a.interrupt for _, _, actions in sim_trace for a in actions)
     if name == "reward_on_learner":  # scoring and training serialize on the trainer's executor
         runs = {a.work.kind: a.executor for _, _, actions in sim_trace for a in actions
                 if type(a).__name__ == "RunWork"}
         assert runs["reward"] == runs["train"]
+
+
+def test_both_drivers_move_episodes_alike(tmp_path, recorded, monkeypatch):
+    """Moving an episode off the instance that holds its KV prefix (detach there, prefill its
+    history here) is carried out alike: with a controller that moves every episode it can, the
+    traces still match."""
+    from aspc.controller.generation import Generation
+
+    def restless(self, sample, home, context):
+        peers = [j for j, other in enumerate(self.instances) if j != home and other.loaded == self.instances[home].loaded
+                 and other.pending_sync is None and len(other.inflight) < other.capacity]
+        return peers[0] if peers else home
+
+    monkeypatch.setattr(Generation, "resume_target", restless)
+    small = {**_CONTENDED, "prompts_per_step = 16": "prompts_per_step = 2"}  # free slots to move to
+    plan = _plan(tmp_path, "agentic_contended", "asp", small)
+    sim_trace, local_trace = both(plan, recorded)
+    assert sim_trace == local_trace, first_difference(sim_trace, local_trace)
+    moved = [a for _, _, actions in sim_trace for a in actions if type(a).__name__ == "ResumeEpisode"
+             and a.instance != a.home]
+    assert len(moved) >= 3
 
 
 def test_a_driver_that_deviates_is_caught(tmp_path, recorded, monkeypatch):

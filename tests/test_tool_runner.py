@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -216,3 +218,105 @@ def test_a_dead_sandbox_server_is_restarted(tools_dir):
         os.kill(runner._server.pid, signal.SIGKILL)
         runner._server.wait()
         assert runner.run("calc", "7 * 6").observation == "42"
+
+
+# ---- the fallback: a runner that is not root, on a machine that allows no namespaces ---------------
+
+FALLBACK_RUNNER = r'''
+import json, os, socket, sys, tempfile
+from aspc.backends.cpu import sandbox
+from aspc.backends.cpu.tool_runner import ToolRunner, ToolSpec
+
+start_command = sandbox.start_command
+def without_namespaces(control_fd):
+    """The sandbox server is a fresh interpreter: make unshare fail there, as on a machine without
+    user namespaces (a container, a hardened kernel)."""
+    argv = start_command(control_fd)
+    argv[2] = argv[2].replace("from aspc.backends.cpu.tool_runner import",
+                              "from aspc.backends.cpu import sandbox; sandbox._unshare = lambda flags: False; "
+                              "from aspc.backends.cpu.tool_runner import")
+    return argv
+sandbox.start_command = without_namespaces
+
+folder = tempfile.mkdtemp()
+with open(os.path.join(folder, "fallback_tools.py"), "w") as module:
+    module.write("import os\ndef secret(arguments):\n    return os.environ.get('RUNNER_SECRET', 'unset')\n")
+os.environ["RUNNER_SECRET"] = "s3cret"
+listener = socket.create_server(("127.0.0.1", 0))
+PROBE = """import json, os, resource
+limits = {name: resource.getrlimit(getattr(resource, 'RLIMIT_' + name))
+          for name in ('CPU', 'AS', 'NOFILE', 'FSIZE', 'NPROC')}
+def threads(pid):  # of a process of this user; 0 for one that ended meanwhile
+    try:
+        mine = os.stat(f'/proc/{pid}').st_uid == os.getuid()
+        return int(dict(l.split(':', 1) for l in open(f'/proc/{pid}/status') if ':' in l)['Threads']) if mine else 0
+    except OSError:
+        return 0
+tasks = sum(threads(p) for p in os.listdir('/proc') if p.isdigit())
+exec_env = [v.split(b'=')[0].decode() for v in open('/proc/self/environ', 'rb').read().split(bytes(1)) if v]
+print(json.dumps({'uid': os.getuid(), 'cwd': os.getcwd(), 'home': os.environ['HOME'], 'env': sorted(exec_env),
+                  'limits': limits, 'tasks': tasks}))"""
+TRIES = {
+    "memory": "block = bytearray(2 << 30)",
+    "file_size": "open('big', 'wb').write(b'x' * (65 << 20))",
+    "open_files": "files = [open('f%d' % i, 'w') for i in range(100)]",
+    "network": "import socket; socket.create_connection(('127.0.0.1', %d), timeout=2); print('connected')"
+               % listener.getsockname()[1],
+}
+specs = [ToolSpec("python", command="python3 -", timeout_s=9, env="LANG=C"),
+         ToolSpec("secret", python="fallback_tools:secret", base_dir=folder)]
+with ToolRunner(specs, workers=2) as runner:
+    probe = runner.run("python", PROBE)
+    out = {"runner_uid": os.getuid(), "isolation": runner.isolation, "probe": json.loads(probe.observation),
+           "tries": {name: vars(runner.run("python", program)) for name, program in TRIES.items()},
+           "hung": vars(runner.run("python", "import time; time.sleep(30)", timeout_s=1)),
+           "secret": runner.run("secret", "").observation}
+out["scratch_left"] = os.path.exists(out["probe"]["cwd"])
+print(json.dumps(out))
+'''
+
+
+def _as_a_plain_user() -> list[str] | None:
+    """The command prefix that runs a Python as `nobody` (this test's runner must not be root), keeping
+    only the right to read files, so that a Python installed under /root still starts; None: no way."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        return None
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=+dac_read_search",
+            "--ambient-caps=+dac_read_search"]
+
+
+def test_without_namespaces_a_non_root_runner_still_limits_and_scratches():
+    """docs/runtime.md (isolation): without namespaces and root, a tool keeps the runner's user id, its
+    network and the runner's process tree; the resource limits, the scratch folder and a command's clean
+    environment still hold, and a hung call still times out."""
+    prefix = _as_a_plain_user()
+    if prefix is None:
+        pytest.skip("the tests run as root and setpriv is missing: cannot start a non-root runner")
+    done = subprocess.run([*prefix, sys.executable, "-c", FALLBACK_RUNNER], capture_output=True, text=True,
+                          timeout=120, cwd="/", env={**os.environ, "TMPDIR": "/tmp"})
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["runner_uid"] != 0
+    assert out["isolation"] == {"network": False, "processes": False, "user": False, "resource_limits": True,
+                                "filesystem": False}
+    probe = out["probe"]
+    assert probe["uid"] == out["runner_uid"]  # no drop to nobody: the runner's own user
+    limits = probe["limits"]
+    assert limits["CPU"] == [10, 11] and limits["AS"] == [1 << 30] * 2 and limits["NOFILE"] == [64, 64]
+    assert limits["FSIZE"] == [64 << 20] * 2
+    # no user namespace: RLIMIT_NPROC counts all the user's tasks, so it is theirs now plus 256
+    assert limits["NPROC"][0] == limits["NPROC"][1] and 256 < limits["NPROC"][0] <= 256 + probe["tasks"] + 16
+    tries = out["tries"]
+    assert tries["memory"]["status"] == "error" and "MemoryError" in tries["memory"]["observation"]
+    assert tries["file_size"]["status"] == "error" and "File too large" in tries["file_size"]["observation"]
+    assert tries["open_files"]["status"] == "error" and "Too many open files" in tries["open_files"]["observation"]
+    assert tries["network"]["observation"].strip() == "connected"  # no network namespace: the host's network
+    assert out["hung"]["status"] == "timeout"
+    assert probe["cwd"] == probe["home"] and os.path.basename(probe["cwd"]).startswith("aspc-tool-python-")
+    assert not out["scratch_left"]
+    # a command tool gets the declared env, PATH and HOME (read from /proc/self/environ: python3 itself adds
+    # LC_CTYPE to a LANG=C environment, PEP 538)
+    assert probe["env"] == ["HOME", "LANG", "PATH"]
+    assert out["secret"] == "s3cret"  # a python tool sees the runner's environment

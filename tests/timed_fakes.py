@@ -11,9 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aspc.backends.sim.instance import GenInstance
+from aspc.controller.episodes import EpisodePolicy
 from aspc.controller.kinds import rule_for
 from aspc.costmodel.learner import WorkCost
-from aspc.costmodel.workload import sample_step
+from aspc.costmodel.workload import Environment, draw_episode, sample_step
+from aspc.drivers.sim.episodes import plan_episode
 
 SLOTS = 6  # concurrent sequences per generation instance
 LOAD = 0.25 + 2 ** -11  # a weight load on an instance
@@ -34,17 +36,31 @@ def work_seconds(kind: str, tokens: int) -> float:
 
 
 class Workload:
-    """The plan's seeded prompt and response lengths: what both drivers generate."""
+    """The plan's seeded prompt and response lengths, and its episodes when the plan has an
+    environment (drawn as the simulator draws them): what both drivers generate."""
 
     def __init__(self, plan):
         gen = plan.stages_of("generate")[0]
         self.data = plan.dataset(gen.data)
         self._steps: dict[int, list] = {}
+        envs = plan.stages_of("environment")
+        self.env = Environment.of(dict(envs[0].options)) if envs else None
+        self.policy = EpisodePolicy.of(envs[0]) if envs else None
+        self._episodes: dict = {}
 
     def sample(self, step: int, prompt: int, index: int):
         if step not in self._steps:
             self._steps[step] = sample_step(self.data, step)
         return self._steps[step][prompt * self.data.group + index]
+
+    def episode(self, key):
+        """The sample's EpisodePlan (turns, tool calls, how it ends); None without an environment."""
+        if self.env is None:
+            return None
+        if key not in self._episodes:
+            draw = draw_episode(self.env, self.data, *key, self.sample(*key).response_len)
+            self._episodes[key] = plan_episode(self.env, self.policy, draw)
+        return self._episodes[key]
 
 
 # ---- the simulator's side ----
@@ -95,6 +111,41 @@ class Finished:
     prompt: list
     response: list
     logprobs: list
+    mask: list | None = None
+    episode: dict | None = None
+
+
+@dataclass(frozen=True)
+class FakeCall:
+    tool: str
+    seconds: float
+    status: str
+
+
+@dataclass(frozen=True)
+class PendingCall:
+    key: tuple
+    call: FakeCall
+    context: int
+    turns: int
+    generated: int
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    status: str
+    observation: str = ""
+
+
+class FakeTools:
+    """The ToolRunner role: a call takes the seconds the episode plan drew for it."""
+
+    def __init__(self, time):
+        self.time = time
+
+    def run(self, call: FakeCall) -> ToolResult:
+        self.time.sleep(call.seconds)
+        return ToolResult(call.status)
 
 
 @dataclass
@@ -106,19 +157,27 @@ class Rollout:
 
 
 class FakeEngine:
+    """A generation instance of fixed decode steps; agentic episodes turn by turn, as the
+    simulator's instance runs them (a turn ending in a tool call holds its slot until resumed)."""
+
     def __init__(self, time, index: int, workload: Workload):
         self.time, self.dt, self.workload = time, decode_step(index), workload
         self.slots = SLOTS
         self.left: dict[tuple, int] = {}
         self.prompts: dict[tuple, list] = {}
+        self.turn: dict[tuple, int] = {}  # an episode's current turn
+        self.held: dict[tuple, int] = {}  # episodes on a tool call
+        self.calls: list[PendingCall] = []
 
     @property
     def busy(self) -> bool:
         return bool(self.left)
 
     def add(self, key, ids, seed) -> None:
-        self.left[key] = self.workload.sample(*key).response_len
+        episode = self.workload.episode(key)
+        self.left[key] = episode.turns[0] if episode else self.workload.sample(*key).response_len
         self.prompts[key] = ids
+        self.turn[key] = 0
 
     def step(self) -> list:
         self.time.sleep(self.dt)
@@ -127,9 +186,51 @@ class FakeEngine:
             self.left[key] -= 1
             if self.left[key] == 0:
                 del self.left[key]
-                length = self.workload.sample(*key).response_len
-                done.append(Finished(key, self.prompts.pop(key), [0] * length, [0.0] * length))
+                episode, t = self.workload.episode(key), self.turn[key]
+                if episode is not None and t < len(episode.calls):  # a tool call follows this turn
+                    self.held[key] = t
+                    call = episode.calls[t]
+                    status = "timeout" if t == len(episode.turns) - 1 else "ok"
+                    self.calls.append(PendingCall(key, FakeCall(call.tool, call.seconds, status), self._context(key),
+                                                  t + 1, sum(episode.turns[:t + 1])))
+                else:
+                    done.append(self._finished(key))
         return done
+
+    def _context(self, key) -> int:
+        episode, t = self.workload.episode(key), self.turn[key]
+        return len(self.prompts[key]) + sum(episode.turns[:t + 1]) + sum(c.observation for c in episode.calls[:t])
+
+    def _finished(self, key) -> Finished:
+        episode = self.workload.episode(key)
+        self.turn.pop(key)
+        if episode is None:
+            length = self.workload.sample(*key).response_len
+            return Finished(key, self.prompts.pop(key), [0] * length, [0.0] * length)
+        model, observed = episode.model_tokens, episode.observation_tokens
+        return Finished(key, self.prompts.pop(key), [0] * (model + observed), [0.0] * (model + observed),
+                        [1] * model + [0] * observed, {"turns": len(episode.turns)})
+
+    def pop_calls(self) -> list:
+        calls, self.calls = self.calls, []
+        return calls
+
+    def resume(self, key, result) -> list:
+        del self.held[key]
+        if result.status in ("timeout", "crashed"):
+            return [self._finished(key)]
+        self.turn[key] += 1
+        self.left[key] = self.workload.episode(key).turns[self.turn[key]]
+        return []
+
+    def detach(self, key):
+        del self.held[key]
+        return key, self.prompts.pop(key), self.turn.pop(key)
+
+    def adopt(self, state, result) -> list:
+        key, self.prompts[key], self.turn[key] = state
+        self.held[key] = self.turn[key]
+        return self.resume(key, result)
 
     def load_weights(self, state) -> None:
         self.time.sleep(LOAD)
@@ -217,6 +318,9 @@ class FakeExecutors:
 
     def trainer(self) -> FakeTrainer:
         return self._trainer
+
+    def tools(self) -> FakeTools:
+        return FakeTools(self.time)
 
     def forward_model(self, stage: str, instance: int) -> FakeForwardModel:
         return FakeForwardModel(self.time, self.plan.stage(stage).kind)

@@ -1,11 +1,14 @@
 """Bubble accounting of a real run, from the spans its workers recorded, with the simulator's
-categories: each worker (generation instance or learner) counts as one device."""
+categories: each worker (generation instance or learner) counts as one device. Tool runners are
+host processes, not devices: their calls are in the trace but not in these shares (the time an
+instance idles because every episode it holds waits on a tool is its tool_wait)."""
 from __future__ import annotations
 
 from aspc.accounting.bubbles import CATEGORIES, gaps, merge, split_by
 
 
 def bubble_shares(spans, wall: float) -> dict[str, float]:
+    spans = [s for s in spans if s.category != "tool"]
     tracks = sorted({s.track for s in spans})
     totals = {c: 0.0 for c in CATEGORIES}
     busy = {t: merge([(s.start, min(s.end, wall)) for s in spans if s.track == t]) for t in tracks}

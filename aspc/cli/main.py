@@ -39,7 +39,7 @@ def _launch_plan(compiled):
     from aspc.backends.ascend.lowering import lower
 
     try:
-        return lower(compiled.plan())
+        return lower(compiled.plan(), Path(compiled.compilation.program.file).parent)  # tool modules beside it
     except ValueError as error:
         raise click.ClickException(f"cannot lower to Ascend: {error}") from None
 

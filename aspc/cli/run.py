@@ -59,6 +59,11 @@ def run_training(request: RunRequest, plan: ExecutionPlan, executors: ExecutorsF
     check_cpu_plan(request.file, plan)
     if request.resume and request.checkpoint_dir is None:
         raise click.ClickException("--resume needs --checkpoint DIR (where the run saved its checkpoints)")
+    environments = plan.stages_of("environment")
+    if environments and request.runtime_kind != "local":
+        raise click.ClickException(f"{request.file}: stage '{environments[0].name}' runs agentic episodes, which "
+                                   "the Ray runtime does not drive yet (their tool calls run on the local runtime's "
+                                   "tool runners); run it with --runtime local")
     metrics = Path(request.metrics_path) if request.metrics_path else \
         Path("runs") / f"{plan.pipeline}-{plan.schedule}" / "metrics.jsonl"
     progress = _Progress(request.steps, request.warmstart_steps, plan.schedule)
@@ -227,7 +232,8 @@ def _report(result, runtime, metrics: Path, trace_path, plan) -> None:
     click.echo(f"{plan.pipeline} ({plan.schedule}): {len(rows)} steps in {result.wall_s:.1f} s{warm}; mean reward "
                f"{first:.3f} over the first {window} steps -> {final:.3f} over the last {window}")
     shares = bubble_shares(result.spans, result.wall_s)
-    shown = {c: v for c, v in shares.items() if c != "tool_wait" or v}  # the local runtime does not measure it yet
+    agentic = bool(plan.stages_of("environment"))
+    shown = {c: v for c, v in shares.items() if c != "tool_wait" or agentic}
     click.echo("worker time: " + "  ".join(f"{c} {100 * v:.1f}%" for c, v in shown.items()))
     failed = sum(m.get("score_failed", 0) for m in rows)
     if failed:

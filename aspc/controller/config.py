@@ -54,6 +54,7 @@ class ControllerConfig:
     executors: tuple[ExecutorSpec, ...] = ()
     gen_pool: str | None = None
     checkpoint_every: int = 0
+    tool_workers: int = 0  # an environment's tool runners (its tool calls run on them); 0: no environment
 
     @property
     def samples_per_step(self) -> int:
@@ -81,6 +82,7 @@ class ControllerConfig:
         executors = _executors(on_devices, gen)
         forward = tuple(RoutedStage(s.name, s.kind, rule_for(s).role, _scores_as_finished(s, executors),
                                     CallPolicy.of(s)) for s in routed)
+        environments = plan.stages_of("environment")
         return ControllerConfig(
             steps=steps, prompts_per_step=data.prompts_per_step, group=data.group,
             instances=len(gen.instances), staleness=plan.staleness,
@@ -88,7 +90,8 @@ class ControllerConfig:
             group_affinity=dispatch.group_affinity if dispatch else True,
             stream_micro=train.stream_micro, partial_rollout=gen.partial_rollout,
             forward_stages=forward, train_stage=train.name, max_response=data.max_response,
-            executors=executors, gen_pool=gen.pool, checkpoint_every=checkpoint_every)
+            executors=executors, gen_pool=gen.pool, checkpoint_every=checkpoint_every,
+            tool_workers=dict(environments[0].options)["tool_workers"] if environments else 0)
 
 
 def _scores_as_finished(stage: StagePlan, executors: tuple[ExecutorSpec, ...]) -> bool:

@@ -7,10 +7,14 @@ from collections.abc import Callable
 from aspc.controller.config import ControllerConfig
 from aspc.controller.devices import DeviceWork, Item
 from aspc.controller.events import (Checkpoint, Finished, InstanceFailed, InstanceIdle, InstanceRecovered,
-                                    OptimizerDone, PoolSwitched, RestartInstance, RunWork, SampleFinished,
-                                    Start, SwitchPool, SyncWeights, WeightsLoaded, WeightsPublished, WorkFinished)
+                                    OptimizerDone, PoolSwitched, RestartInstance, ResumeEpisode, RunWork,
+                                    SampleFinished, Start, SwitchPool, SyncWeights, ToolCalled, ToolReturned,
+                                    WeightsLoaded, WeightsPublished, WorkFinished)
 from aspc.controller.generation import Generation
 from aspc.controller.learner import Learner
+from aspc.controller.tools import ToolRunners
+
+ENDING = ("timeout", "crashed")  # tool-call statuses that end the episode (aspc/controller/episodes.py)
 
 
 class Controller:
@@ -27,9 +31,11 @@ class Controller:
         self.gen = Generation(config, prompt_len, start_version)
         self.learner = Learner(config)
         self.devices = DeviceWork(config)
+        self.tools = ToolRunners(config.tool_workers)
         self.host_stages = {s.name for s in config.forward_stages if s.role is None}
         self.shared = [k for k, e in enumerate(config.executors) if e.time_shared]
         self.mode = "gen"  # of the time-shared pool: "gen" | "learn" | "switching" (ignored without one)
+        self.contexts: dict = {}  # an episode waiting on a tool -> the tokens of its sequence
         self.staleness = Counter()  # staleness (u - v) of every sample trained
         self.used: set = set()  # samples delivered to training
         self.finished = start_version >= config.steps  # resumed at the end: nothing to do
@@ -50,13 +56,42 @@ class Controller:
         return []
 
     def _on_SampleFinished(self, event: SampleFinished) -> list:
-        if not self.gen.finish(event.sample, event.instance, event.response_len):
+        if not self.gen.finish(event.sample, event.instance, event.response_len, event.turns):
             return []
         sample = event.sample
         self.staleness[sample[0] - self.gen.start_version[sample]] += 1
         self.used.add(sample)
         actions = self._route(self.learner.sample_done(sample))
-        return actions + self._drained_syncs(event.instance)
+        return actions + self._drained_syncs(event.instance) + self._turn_boundary_sync(event.instance)
+
+    def _on_ToolCalled(self, event: ToolCalled) -> list:
+        if self.gen.inflight.get(event.sample) != event.instance or event.sample in self.contexts:
+            return []  # its instance failed meanwhile (a late report of the lost run)
+        self.gen.tool_called(event.sample, event.instance, event.turns, event.generated)
+        self.tools.submit(event.sample, event.instance)
+        self.contexts[event.sample] = event.context
+        return self._turn_boundary_sync(event.instance)
+
+    def _on_ToolReturned(self, event: ToolReturned) -> list:
+        call = self.tools.done(event.runner)
+        if call is None or self.gen.inflight.get(call[0]) != call[1]:
+            return []  # the episode was lost with its instance and is redone
+        sample, home = call
+        inst = self.gen.instances[home]
+        inst.on_tool.discard(sample)
+        context = self.contexts.pop(sample)
+        if event.status in ENDING:
+            return [ResumeEpisode(sample, home, home)]  # it ends where it is
+        if self._cuts_at_turns(home):  # its weight sync comes first: the next turn runs on the new weights
+            inst.deferred.append((sample, context))
+            return self._turn_boundary_sync(home)
+        return [self._resume(sample, home, context)]
+
+    def _resume(self, sample, home: int, context: int) -> ResumeEpisode:
+        target = self.gen.resume_target(sample, home, context)
+        if target != home:
+            self.gen.move(sample, home, target, context)
+        return ResumeEpisode(sample, target, home)
 
     def _on_WorkFinished(self, event: WorkFinished) -> list:
         self.devices.work_done(event.work)
@@ -92,7 +127,8 @@ class Controller:
         inst.syncing = None
         if inst.pending_sync is not None and inst.pending_sync <= event.version:
             inst.pending_sync = None
-        return []
+        deferred, inst.deferred = inst.deferred, []
+        return [self._resume(sample, event.instance, context) for sample, context in deferred]
 
     def _on_PoolSwitched(self, event: PoolSwitched) -> list:
         self.mode = event.mode
@@ -102,6 +138,7 @@ class Controller:
         return [a for i in range(len(self.gen.instances)) for a in self._sync_if_ready(i)]
 
     def _on_InstanceFailed(self, event: InstanceFailed) -> list:
+        self.tools.forget(event.instance)
         self.gen.fail(event.instance)
         return [RestartInstance(event.instance)]
 
@@ -154,12 +191,30 @@ class Controller:
             return []
         if not inst.inflight:
             return self._sync(i, False)
-        limit = self.config.partial_rollout
-        if limit and all(self.gen.splits.get(s, 0) < limit for s in inst.inflight):
+        if self._splittable(i) and not (self.config.tool_workers and inst.decoding()):
             for s in inst.inflight:
                 self.gen.splits[s] = self.gen.splits.get(s, 0) + 1
             return self._sync(i, True)
-        return []  # drain first: no new work until its in-flight requests finish
+        return []  # drain first (or, for episodes, let the turns under way end)
+
+    def _splittable(self, i: int) -> bool:
+        """Partial rollout may split every in-flight request of instance i once more."""
+        limit = self.config.partial_rollout
+        return bool(limit) and all(self.gen.splits.get(s, 0) < limit for s in self.gen.instances[i].inflight)
+
+    def _cuts_at_turns(self, i: int) -> bool:
+        """Episodes under partial rollout: a pending weight sync waits for the turns under way to
+        end and holds back episodes whose tool answered, then loads with every episode between two
+        turns (each next turn runs on the new weights)."""
+        inst = self.gen.instances[i]
+        return (bool(self.config.tool_workers) and inst.pending_sync is not None and inst.syncing is None
+                and inst.live and not self.gen.paused and self._splittable(i))
+
+    def _turn_boundary_sync(self, i: int) -> list:
+        inst = self.gen.instances[i]
+        if self._cuts_at_turns(i) and not inst.decoding():
+            return self._sync_if_ready(i)
+        return []
 
     def _sync(self, i: int, interrupt: bool) -> list:
         inst = self.gen.instances[i]
@@ -183,7 +238,7 @@ class Controller:
         for work in self.learner.runnable_train(self.version):
             self.devices.submit(Item("work", work))
         actions += self.devices.start(self._may_learn)
-        return actions + self._switches()
+        return actions + self.tools.start() + self._switches()
 
     # -- what drivers, tests and reports read --
     def has_work(self, i: int) -> bool:

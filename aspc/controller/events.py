@@ -31,7 +31,31 @@ class InstanceIdle:
 class SampleFinished:
     sample: SampleId
     instance: int
-    response_len: int
+    response_len: int  # tokens the model wrote (an episode's tool observations are not counted)
+    turns: int = 1  # model turns (agentic episodes: one more than the tool calls it made)
+
+
+@dataclass(frozen=True)
+class ToolCalled:
+    """An episode's turn ended in a valid tool call: it leaves the decoding batch and waits on
+    `instance`, which keeps its KV cache (sticky). `context`: tokens of its sequence so far (what
+    moving it would re-prefill); `turns`, `generated`: turns taken and model tokens written."""
+
+    sample: SampleId
+    instance: int
+    context: int
+    turns: int
+    generated: int
+
+
+@dataclass(frozen=True)
+class ToolReturned:
+    """The tool call `runner` ran for the sample ended: "ok" or "error" (an observation the
+    model reads), "timeout" or "crashed" (the episode ends, aspc/controller/episodes.py)."""
+
+    sample: SampleId
+    runner: int
+    status: str
 
 
 @dataclass(frozen=True)
@@ -94,6 +118,26 @@ class Work:
 
 
 @dataclass(frozen=True)
+class RunTool:
+    """Run the sample's pending tool call on tool runner `runner` (of the environment's tool_workers)."""
+
+    sample: SampleId
+    runner: int
+
+
+@dataclass(frozen=True)
+class ResumeEpisode:
+    """Feed the tool's result to the episode and go on with its next turn on `instance`. When
+    `instance` is not `home` (the instance holding its KV cache) the episode moves: its history is
+    re-prefilled there and its slot on `home` is freed. A result that ends the episode (a timeout, a
+    crashed worker) finishes it on `home`."""
+
+    sample: SampleId
+    instance: int
+    home: int
+
+
+@dataclass(frozen=True)
 class RunWork:
     work: Work
     executor: int | None  # index into config.executors; None: a host stage the driver runs itself
@@ -143,7 +187,7 @@ class Finished:
 
 # The closed unions: a driver handles every member with `match` and `assert_never`, so a new event
 # or action breaks the type check where it is not handled instead of being dropped.
-Event = (Start | InstanceIdle | SampleFinished | WorkFinished | OptimizerDone | WeightsPublished | WeightsLoaded
-         | PoolSwitched | InstanceFailed | InstanceRecovered)
-Action = (Dispatch | RunWork | OptimizerStep | PublishWeights | SyncWeights | SwitchPool | RestartInstance | Checkpoint
-          | Finished)
+Event = (Start | InstanceIdle | SampleFinished | ToolCalled | ToolReturned | WorkFinished | OptimizerDone
+         | WeightsPublished | WeightsLoaded | PoolSwitched | InstanceFailed | InstanceRecovered)
+Action = (Dispatch | RunTool | ResumeEpisode | RunWork | OptimizerStep | PublishWeights | SyncWeights | SwitchPool
+          | RestartInstance | Checkpoint | Finished)

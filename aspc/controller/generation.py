@@ -21,6 +21,16 @@ class InstanceState:
     queued_requests: int = 0
     queued_work: float = 0.0
     inflight_work: float = 0.0
+    on_tool: set = field(default_factory=set)  # in-flight episodes waiting on a tool call (KV kept)
+    deferred: list = field(default_factory=list)  # episodes whose tool answered, resumed after its weight sync
+
+    @property
+    def load(self) -> float:
+        return self.queued_work + self.inflight_work
+
+    def decoding(self) -> bool:
+        """Whether some in-flight request is inside a model turn (not at a turn boundary)."""
+        return len(self.inflight) > len(self.on_tool) + len(self.deferred)
 
     def push(self, unit: list, position: int | None = None) -> None:
         self.queue.insert(len(self.queue) if position is None else position, unit)
@@ -46,6 +56,7 @@ class Generation:
         self.history: dict[tuple[int, int], list[int]] = {}
         self.finished_lengths = 0
         self.finished_count = 0
+        self.finished_turns = 0
         self.released_steps = start_version
         self.routed = 0
         self.paused = False  # the time-shared pool belongs to the learner (or is changing hands)
@@ -141,7 +152,7 @@ class Generation:
             requests.append(Request(sample, prompt_len, self.start_version[sample]))
         return requests
 
-    def finish(self, sample: SampleId, instance: int, length: int) -> bool:
+    def finish(self, sample: SampleId, instance: int, length: int, turns: int = 1) -> bool:
         """Record a finished sample; False if it is stale (its instance failed meanwhile)."""
         if self.inflight.get(sample) != instance:
             return False
@@ -151,7 +162,56 @@ class Generation:
         self.history.setdefault(sample[:2], []).append(length)
         self.finished_lengths += length
         self.finished_count += 1
+        self.finished_turns += turns
         return True
+
+    # -- agentic episodes --
+    def remaining(self, turns: int, generated: int) -> float:
+        """Predicted model tokens an episode still writes after `turns` turns: the turns finished
+        episodes took on average, at their mean tokens per turn (at least one more turn)."""
+        if self.finished_count:
+            expected_turns = self.finished_turns / self.finished_count
+            per_turn = self.finished_lengths / max(self.finished_turns, 1)
+        else:
+            expected_turns, per_turn = turns + 1, generated / max(turns, 1)
+        return max(expected_turns - turns, 1.0) * per_turn
+
+    def tool_called(self, sample: SampleId, instance: int, turns: int, generated: int) -> None:
+        """The episode waits on a tool; what it still holds of its instance is its predicted rest."""
+        inst = self.instances[instance]
+        inst.on_tool.add(sample)
+        self._predict(inst, sample, self.remaining(turns, generated))
+
+    def _predict(self, inst: InstanceState, sample: SampleId, predicted: float) -> None:
+        inst.inflight_work += predicted - inst.inflight[sample]
+        inst.inflight[sample] = predicted
+
+    def resume_target(self, sample: SampleId, home: int, context: int) -> int:
+        """Where an episode whose tool answered goes on: the instance that holds its KV prefix
+        (sticky). Queue-aware dispatch moves it only where its slot is what holds work back: the
+        home instance is full with requests queued behind it, and a peer on the same weights has a
+        free slot, nothing queued, and less work even with this episode's rest and its history to
+        re-prefill (a prefill that stalls the peer's batch; a looser rule made agentic_7b slower)."""
+        inst = self.instances[home]
+        if not steals(self.config.policy) or not inst.queue or len(inst.inflight) < inst.capacity:
+            return home
+        rest = inst.inflight[sample]
+        peers = [(other.load, j) for j, other in enumerate(self.instances)
+                 if j != home and other.live and other.pending_sync is None and other.syncing is None
+                 and other.loaded == inst.loaded and len(other.inflight) < other.capacity and not other.queue]
+        if not peers:
+            return home
+        load, target = min(peers)
+        return target if load + rest + context < inst.load else home
+
+    def move(self, sample: SampleId, home: int, target: int, context: int) -> None:
+        """The episode leaves `home` (its slot freed) and runs on `target`, which re-prefills its history."""
+        source, dest = self.instances[home], self.instances[target]
+        rest = source.inflight.pop(sample)
+        source.inflight_work -= rest
+        dest.inflight[sample] = rest + context
+        dest.inflight_work += rest + context
+        self.inflight[sample] = target
 
     def fail(self, instance: int) -> None:
         """Re-queue what a failed instance held; the work it did is lost and is redone."""
@@ -162,6 +222,8 @@ class Generation:
             del self.inflight[sample]
             self.start_version.pop(sample, None)
         inst.inflight.clear()
+        inst.on_tool.clear()
+        inst.deferred.clear()
         inst.inflight_work = 0.0
         units = [inst.remove(0) for _ in range(len(inst.queue))]
         units += [[(s, self.prompt_len(*s[:2]), p)] for s, p in lost]

@@ -10,6 +10,7 @@ from aspc.ir.graph import PRODUCES, DataSpec, Flow, ModelSpec, Parallel, PoolSpe
 from aspc.frontend.options import OptionValues, describe, read_options
 from aspc.frontend.resolve import Symbols
 from aspc.ir.span import Span
+from aspc.frontend.tool_schemas import SchemaError, signature_schema
 from aspc.frontend.user_code import UserCodeError, load_function
 from aspc.ir.values import Call
 
@@ -221,6 +222,8 @@ def _environment_options(decl, values: OptionValues, options: dict, env: Resolve
     python = [(t.get("name"), t.get("python")) for t in options["tools"] if t.get("python")]
     if not all([_function_found(spec, f"tool '{name}'", decl, env, sink) for name, spec in python]):
         return None
+    if options["format"] == "hermes" and not all([_schema_found(t, decl, env, sink) for t in options["tools"]]):
+        return None
     return options
 
 
@@ -266,6 +269,22 @@ def _function_found(spec: str, user: str, decl: ast.Stage, env: Resolved, sink) 
     span = _string_spans(decl).get(spec, decl.kind_span)
     sink.error(span, f'{user} function "{spec}": {message}', hint)
     return False
+
+
+def _schema_found(tool, decl: ast.Stage, env: Resolved, sink) -> bool:
+    """A hermes tool's schema (the chat template's `tools=`) comes from the python function's
+    signature when no parameters are declared: it must have one (aspc/frontend/tool_schemas.py)."""
+    if env.base_dir is None or not tool.get("python") or tool.get("parameters"):
+        return True
+    try:
+        signature_schema(load_function(tool.get("python"), env.base_dir))
+    except UserCodeError:
+        return True  # _function_found reported it
+    except SchemaError as error:
+        span = _string_spans(decl).get(tool.get("python"), decl.kind_span)
+        sink.error(span, f'tool \'{tool.get("name")}\' function "{tool.get("python")}": {error.message}', error.hint)
+        return False
+    return True
 
 
 def _load_error(spec: str, base_dir: Path) -> tuple[str, str] | None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from aspc.frontend.tool_schemas import SchemaError, tool_schemas
 from aspc.ir.facts import DTYPE_BYTES, ModelArch
 from aspc.plan.execution_plan import ExecutionPlan, StagePlan, WeightSyncPlan
 from aspc.backends.ascend.groups import process_groups
@@ -73,7 +75,9 @@ class LaunchPlan:
         return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
-def lower(plan: ExecutionPlan) -> LaunchPlan:
+def lower(plan: ExecutionPlan, base_dir: Path | None = None) -> LaunchPlan:
+    """base_dir: the .aspl file's folder, where python tool modules are looked up first (for the
+    schemas of hermes tools that declare no parameters)."""
     offsets = pool_offsets(plan.pools)
     processes, stages = [], []
     for index, stage in enumerate(s for s in plan.stages if s.pool is not None):
@@ -89,7 +93,7 @@ def lower(plan: ExecutionPlan) -> LaunchPlan:
         elif _source_models(stage, "model"):
             processes += _megatron_processes(stage, offsets[stage.pool], BASE_PORT + index)
             stages.append(_reward_model_launch(plan, stage))
-    stages += [_tool_runner_launch(stage) for stage in plan.stages_of("environment")]
+    stages += [_tool_runner_launch(stage, base_dir) for stage in plan.stages_of("environment")]
     transfers = [t for sync in plan.weight_syncs for t in _transfers(plan, sync)]
     nodes = max((p.node for p in processes), default=-1) + 1
     return LaunchPlan(plan.pipeline, plan.schedule, nodes, tuple(processes), tuple(stages), tuple(transfers))
@@ -177,18 +181,29 @@ def _judge_launch(plan: ExecutionPlan, stage: StagePlan) -> StageLaunch:
                        {"weight_refresh": "none (frozen judge)", "sampling": sampling, "calls": policy})
 
 
-def _tool_runner_launch(stage: StagePlan) -> StageLaunch:
+def _tool_runner_launch(stage: StagePlan, base_dir: Path | None) -> StageLaunch:
     """An environment's tools run on the hosts' CPUs, not on NPUs: the CPU backend's ToolRunner
     (backends/cpu/tool_runner.py: a fork server, one confined child per call), `tool_workers` at
-    once; the episodes themselves run inside the vllm-ascend engines' continuous batches."""
+    once; the episodes themselves run inside the vllm-ascend engines' continuous batches.
+    `tools_schema` is the OpenAI-style function list that the chat template takes as `tools=` for
+    format = hermes (aspc/frontend/tool_schemas.py); None for compact, which has no template."""
     options = dict(stage.options)
     tools = [{"name": t.get("name"), "python": t.get("python"), "command": t.get("command"),
               "timeout_s": t.get("timeout"), "description": t.get("description"), "parameters": t.get("parameters")}
              for t in options["tools"]]
     config = {"tools": tools, "workers": options["tool_workers"], "format": options["format"],
               "max_turns": options["max_turns"], "max_invalid": options["max_invalid"],
-              "max_tool_tokens": options["max_tool_tokens"]}
+              "max_tool_tokens": options["max_tool_tokens"], "tools_schema": _tools_schema(options, base_dir)}
     return StageLaunch(stage.name, stage.kind, "tool-runner (host CPU)", {}, config, {}, None, None)
+
+
+def _tools_schema(options: dict, base_dir: Path | None) -> list[dict] | None:
+    if options["format"] != "hermes":
+        return None
+    try:
+        return tool_schemas(options["tools"], base_dir)
+    except SchemaError as error:  # the CLI shows a ValueError as "cannot lower to Ascend: ..."
+        raise ValueError(f"{error.message} ({error.hint})" if error.hint else error.message) from None
 
 
 def _reward_model_launch(plan: ExecutionPlan, stage: StagePlan) -> StageLaunch:

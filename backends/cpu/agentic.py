@@ -1,8 +1,10 @@
 """The CPU backend's agentic RL: an environment stage's tools, runners and episodes.
 
-One run holds one `ToolRunner` (tool_runner.py: bounded processes, timeouts, resource limits)
-and a pool of `tool_workers` threads that wait on it, shared by every generation instance: the
-tool runners are a resource with a concurrency limit. The warm start demonstrates the compact
+One run holds one `ToolRunner` (tool_runner.py: bounded processes, timeouts, resource limits),
+shared by every generation instance. In a run, which call runs when and on which of the
+`tool_workers` runners is the controller's (aspc/controller/tools.py): the driver calls `run`
+from one thread per runner. Held-out evaluation runs its episodes' calls on a pool of as many
+threads. The warm start demonstrates the compact
 call format on one example in DEMO_EVERY: the prompt's expression as the call, the answer as
 the observation and as the final answer (it shows the format; it does not run the tool)."""
 from __future__ import annotations
@@ -30,11 +32,11 @@ class Tools:
                           str(base_dir) if base_dir is not None else None) for t in options["tools"]]
         self.runner = ToolRunner(specs, workers=options["tool_workers"])
         self.threads = futures.ThreadPoolExecutor(options["tool_workers"], thread_name_prefix="tool")
-        self.environment = Environment(EpisodePolicy.of(stage), specs[0].name, options["max_tool_tokens"],
-                                       self.submit)
+        self.environment = Environment(EpisodePolicy.of(stage), specs[0].name, options["max_tool_tokens"])
 
-    def submit(self, call) -> futures.Future:
-        return self.threads.submit(self.runner.run, call.tool, call.arguments)
+    def run(self, call):
+        """Run one call to its end (a ToolResult: status "ok", "error", "timeout" or "crashed")."""
+        return self.runner.run(call.tool, call.arguments)
 
     def close(self) -> None:
         self.threads.shutdown(wait=False, cancel_futures=True)
@@ -66,6 +68,21 @@ def demonstration(prompt) -> tuple[list[int], list[int]]:
     return call + observation + answer, [1] * len(call) + [0] * len(observation) + [1] * len(answer)
 
 
+def run_episodes(generator: EpisodeGenerator, tools: Tools):
+    """Drive a generator's episodes to their ends outside a run, each call on the tools' threads;
+    yields what finishes."""
+    pending: dict = {}
+    while generator.busy or generator.held:
+        finished = generator.step() if generator.busy else []
+        pending.update({c.key: tools.threads.submit(tools.run, c.call) for c in generator.pop_calls()})
+        if not generator.busy and pending:
+            futures.wait(pending.values(), return_when=futures.FIRST_COMPLETED)
+        for key in [k for k, f in pending.items() if f.done()]:
+            finished += generator.resume(key, pending.pop(key).result())
+            pending.update({c.key: tools.threads.submit(tools.run, c.call) for c in generator.pop_calls()})
+        yield from finished
+
+
 def evaluate_episodes(model, prompts, tools: Tools, reward_fn, count: int, max_tokens: int) -> dict:
     """Greedy episodes on held-out prompts: the verified accuracy of the final answers, the
     fraction that made a valid tool call, and the fraction whose call got the right number."""
@@ -76,10 +93,9 @@ def evaluate_episodes(model, prompts, tools: Tools, reward_fn, count: int, max_t
     for i, p in items.items():
         generator.add(i, p.ids, seed=i)
     right = called = right_calls = 0.0
-    while generator.busy:
-        for f in generator.step():
-            p = items[f.key]
-            right += reward_fn(p.text, final_answer(f.response, f.mask), p.answer, p.metadata)
-            called += f.episode["tool_calls"] > 0
-            right_calls += compact_observation("ok", p.answer or "") in decode(f.response)
+    for f in run_episodes(generator, tools):
+        p = items[f.key]
+        right += reward_fn(p.text, final_answer(f.response, f.mask), p.answer, p.metadata)
+        called += f.episode["tool_calls"] > 0
+        right_calls += compact_observation("ok", p.answer or "") in decode(f.response)
     return {"accuracy": right / count, "called": called / count, "right_calls": right_calls / count}

@@ -4,25 +4,25 @@ Token in, token out: a tool's observation is appended as tokens to the same sequ
 keys to the same KV slot (the history is never decoded and re-encoded); those tokens carry mask
 0, so the learner leaves them out of every loss term while the model still attends to them.
 While an episode waits on its tool call, its slot stays held (sticky: the KV prefix is there)
-and the generator decodes the other sequences; what ends a turn and an episode is the shared
-policy of aspc/controller/episodes.py, the format of tool_calls.py."""
+and the generator decodes the other sequences. The generator runs no tool itself: it hands each
+call out (`pop_calls`), and the driver, on the controller's word, runs it and feeds the result
+back (`resume`), or moves the episode to another instance (`detach` here, `adopt` there: the
+history's token ids are prefilled into a slot of that instance). What ends a turn and an episode
+is the shared policy of aspc/controller/episodes.py, the format of tool_calls.py."""
 from __future__ import annotations
 
-import concurrent.futures as futures
 from dataclasses import asdict, dataclass
-from collections.abc import Callable
 
 import torch
 
 from aspc.backends.cpu.generator import BatchGenerator, Finished, Sequence
 from aspc.backends.cpu.model import cache_mask
 from aspc.backends.cpu.tokenizer import EOS, SYMBOLS, decode, encode
-from aspc.backends.cpu.tool_calls import COMPACT_CLOSE, compact_observation, parse_compact
+from aspc.backends.cpu.tool_calls import COMPACT_CLOSE, Call, compact_observation, parse_compact
 from aspc.controller import episodes as policy_terms
 from aspc.controller.episodes import Episode, EpisodePolicy
 
 CLOSE = encode(COMPACT_CLOSE)[0]
-WAIT_S = 0.02  # how long an idle generator waits for a tool result before looking again
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,17 @@ class Environment:
     policy: EpisodePolicy
     tool: str  # the compact format's one tool
     max_tool_tokens: int
-    submit: Callable  # (Call) -> Future of a ToolResult (.status, .observation)
+
+
+@dataclass(frozen=True)
+class PendingCall:
+    """A turn that ended in a valid tool call (the driver reports it as ToolCalled)."""
+
+    key: tuple
+    call: Call
+    context: int  # tokens of the sequence so far
+    turns: int
+    generated: int  # model tokens written so far
 
 
 class EpisodeGenerator(BatchGenerator):
@@ -38,18 +48,42 @@ class EpisodeGenerator(BatchGenerator):
                  environment: Environment):
         super().__init__(model, slots, max_tokens, temperature, top_p, static)
         self.env = environment
+        self.calls: list[PendingCall] = []
 
     def add(self, key: tuple, prompt: list[int], seed: int) -> None:
         super().add(key, prompt, seed)
         self.waiting[-1].episode = Episode()
 
+    def pop_calls(self) -> list[PendingCall]:
+        calls, self.calls = self.calls, []
+        return calls
+
     @torch.no_grad()
-    def step(self) -> list[Finished]:
-        done = self._resume_answered()
-        if not self.active and not self.waiting and self.held:  # every episode waits on a tool
-            futures.wait([s.pending for s in self.held.values()], WAIT_S, futures.FIRST_COMPLETED)
-            return done + self._resume_answered()
-        return done + super().step()
+    def resume(self, key: tuple, result) -> list[Finished]:
+        """The tool answered (`result.status`, `result.observation`): the episode's next turn starts
+        here, or the episode ends (a timed-out call or a crashed worker)."""
+        slot = next(slot for slot, seq in self.held.items() if seq.key == key)
+        seq = self.held.pop(slot)
+        self.active[slot] = seq
+        if seq.episode.tool_failed(result.status) is not None:
+            return [self._finish(slot, seq)]
+        return self._observed(slot, seq, compact_observation(result.status, _in_vocabulary(result.observation)))
+
+    def detach(self, key: tuple) -> Sequence:
+        """The episode moves to another instance: its slot here is freed."""
+        slot = next(slot for slot, seq in self.held.items() if seq.key == key)
+        return self.held.pop(slot)
+
+    @torch.no_grad()
+    def adopt(self, seq: Sequence, result) -> list[Finished]:
+        """A moved episode: its history's token ids prefilled into a free slot (never re-encoded
+        text), then resumed with its tool's result."""
+        seq.slot = next(s for s in range(self.slots) if s not in self.active and s not in self.held)
+        history = seq.prompt + seq.response[:-1]  # the call's last token goes in with the observation
+        positions = torch.arange(len(history))[None]
+        self.model(torch.tensor([history]), positions, cache_mask(positions), self.cache, torch.tensor([seq.slot]))
+        self.held[seq.slot] = seq
+        return self.resume(seq.key, result)
 
     def _collect(self) -> list[Finished]:
         done = []
@@ -71,7 +105,8 @@ class EpisodeGenerator(BatchGenerator):
         if call is not None:
             del self.active[slot]
             self.held[slot] = seq
-            seq.pending = self.env.submit(call)
+            context = len(seq.prompt) + len(seq.response)
+            self.calls.append(PendingCall(seq.key, call, context, seq.episode.turns, sum(seq.mask)))
             return []
         return self._observed(slot, seq, compact_observation("error", ""))  # the model may correct it
 
@@ -91,21 +126,6 @@ class EpisodeGenerator(BatchGenerator):
         if sum(seq.mask) >= self.max_tokens or full:  # model tokens only count against the budget
             return policy_terms.OUT_OF_BUDGET
         return None
-
-    def _resume_answered(self) -> list[Finished]:
-        """Held episodes whose tool answered: the observation in, the next turn on its way."""
-        done = []
-        for slot, seq in list(self.held.items()):
-            if not seq.pending.done():
-                continue
-            result = seq.pending.result()
-            del self.held[slot]
-            self.active[slot] = seq
-            if seq.episode.tool_failed(result.status) is not None:
-                done.append(self._finish(slot, seq))
-                continue
-            done += self._observed(slot, seq, compact_observation(result.status, _in_vocabulary(result.observation)))
-        return done
 
     def _observe(self, seq: Sequence, text: str) -> None:
         """Append the observation's tokens (mask 0) and their keys to the slot, then sample the

@@ -25,7 +25,7 @@ class Sequence:
     mask: list[int] = field(default_factory=list)  # 1: a token the model wrote; 0: a tool's (agentic episodes)
     episode: object = None  # an agentic episode's state (episodes.py)
     turn_start: int = 0  # where the current model turn starts in the response
-    pending: object = None  # the tool call it waits on
+
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,8 @@ class BatchGenerator:
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting or self.active or self.held)
+        """Something to decode (sequences held on a tool call wait for their result instead)."""
+        return bool(self.waiting or self.active)
 
     @torch.no_grad()
     def step(self) -> list[Finished]:

@@ -20,7 +20,7 @@ finds out once, and `ToolRunner.isolation` reports the answer):
   - resource limits (always): CPU seconds (timeout + 1), address space, open files, file size, and
     processes (`LIMITS`; for a non-root runner without a user namespace RLIMIT_NPROC counts all of
     the user's tasks, so it is set to the tasks that user has now plus `LIMITS.processes`).
-  - cwd and HOME: a fresh scratch folder, removed after the call.
+  - cwd: a fresh scratch folder, removed after the call (a command tool's HOME too).
 Not isolated: the file system. There is no mount namespace or chroot: a tool writes wherever its
 user may (for `nobody`: its scratch folder, /tmp, /dev/shm) and reads whatever its user may; a
 python tool of a root runner may read every file, secrets included. Only a command tool gets a clean

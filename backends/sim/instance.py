@@ -142,6 +142,35 @@ class GenInstance:
         self._release_hold(now)
         self._push(sample, context, self._turns[sample].popleft())
 
+    def reads_inbox_at(self, now: float) -> float:
+        """When an engine working at `now` next takes a message: at the end of the decode step or
+        the stall (a prefill, a weight load) under way, or at once when idle."""
+        self.advance(now)
+        start = max(self.clock, self.busy_until)
+        if self.active and now > start and self.active[0][0] > self.count:
+            return start + self.steps_time(1)
+        return max(now, start)
+
+    def detach(self, now: float, sample: tuple) -> tuple[int, deque, deque]:
+        """The episode moves to another instance after its tool call: its slot here is freed.
+        Returns (context, turns still to come, observations still to come)."""
+        self._catch_up(now)
+        context = self.waiting.pop(sample)
+        self._release_hold(now)
+        self.generation += 1
+        return context, self._turns.pop(sample), self._observations.pop(sample)
+
+    def adopt(self, now: float, sample: tuple, context: int, turns: deque, observations: deque) -> None:
+        """A moved episode: prefill its whole history and its tool's observation, then its next turn decodes."""
+        self._catch_up(now)
+        start = max(self.clock, self.busy_until)
+        observation = observations.popleft()
+        self.busy_until = start + self.cost.prefill(context + observation, 1)
+        self.segments.append((start, self.busy_until, "useful"))
+        if observations:
+            self._turns[sample], self._observations[sample] = turns, observations
+        self._push(sample, context + observation, turns.popleft())
+
     def end_on_tool(self, now: float, sample: tuple) -> None:
         """The sample's episode ended on its tool call (a timeout): its slot is free, nothing decodes."""
         self._catch_up(now)

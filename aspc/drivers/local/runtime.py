@@ -14,15 +14,15 @@ from typing import assert_never
 
 from aspc.controller import Controller, ControllerConfig
 from aspc.controller.events import (Action, Checkpoint, Dispatch, Finished, InstanceIdle, OptimizerStep,
-                                    PublishWeights, RestartInstance, RunWork, Start, SwitchPool, SyncWeights,
-                                    WeightsPublished, WorkFinished)
+                                    PublishWeights, RestartInstance, ResumeEpisode, RunTool, RunWork, Start,
+                                    SwitchPool, SyncWeights, WeightsPublished, WorkFinished)
 from aspc.plan.execution_plan import ExecutionPlan
 from aspc.drivers.local.metrics_file import MetricsFile, interrupts_held
 from aspc.roles import ExecutorsFactory
 from aspc.drivers.local.scoring import GuardedJudge
 from aspc.drivers.local.threads import threads_per_worker
 from aspc.drivers.local.virtual_time import RealTime
-from aspc.drivers.local.workers import ExecutorWorker, GenerationWorker, WorkerFailed, trainer_runners
+from aspc.drivers.local.workers import ExecutorWorker, GenerationWorker, ToolWorker, WorkerFailed, trainer_runners
 
 SCORERS = ("forward_model", "judge")  # executor roles that score units on their own model
 
@@ -65,6 +65,8 @@ class LocalRuntime:
         self.events = self.clock.queue()
         self.internal: deque = deque()  # events of host work done on this thread, handled first
         self.results: dict = {}
+        self.calls: dict = {}  # an episode's tool call, from its instance to its tool runner
+        self.tool_results: dict = {}  # and the call's result, from the runner back to an instance
         self.lock = threading.Lock()
         self.weights: dict[int, dict] = {}
         self.step_metrics: dict[int, dict] = {}
@@ -98,7 +100,9 @@ class LocalRuntime:
         for i in range(self.config.instances):
             engine = self.executors.generation_engine(i, self.config.instances)
             self.gen_workers.append(GenerationWorker(i, engine, self.weights, self.results, self.lock,
-                                                     self.events, self.clock))
+                                                     self.events, self.clock, self.calls))
+        self.tool_workers = [ToolWorker(k, self.executors.tools(), self.calls, self.tool_results, self.lock,
+                                        self.events, self.clock) for k in range(self.config.tool_workers)]
         self.slots = self.gen_workers[0].generator.slots
         self.controller = Controller(self.config, lambda step, p: len(self._prompt(step, p).ids),
                                      self.start_version)
@@ -294,6 +298,16 @@ class LocalRuntime:
                 self.learner_worker.inbox.put(("switch", (action.pool, action.mode)))
             case SyncWeights():
                 self.gen_workers[action.instance].inbox.put(("sync", action.version))
+            case RunTool():
+                self.tool_workers[action.runner].inbox.put(("call", action.sample))
+            case ResumeEpisode():
+                with self.lock:
+                    result = self.tool_results.pop(action.sample)
+                home = self.gen_workers[action.home]
+                if action.instance == action.home:
+                    home.inbox.put(("resume", (action.sample, result)))
+                else:
+                    home.inbox.put(("move", (action.sample, result, self.gen_workers[action.instance])))
             case Checkpoint():
                 self.learner_worker.inbox.put(("checkpoint", action.step))
             case RestartInstance():  # threads do not die alone: a raising one ends the run (WorkerFailed)
@@ -311,7 +325,7 @@ class LocalRuntime:
         return [s for w in self._workers() for s in list(w.spans)]
 
     def _workers(self) -> list:
-        return [*self.exec_workers, *self.gen_workers]
+        return [*self.exec_workers, *self.gen_workers, *getattr(self, "tool_workers", [])]
 
     def stop_workers(self) -> None:
         if hasattr(self, "learner_worker"):

@@ -10,7 +10,7 @@ import traceback
 
 from aspc.accounting.trace import Span
 from aspc.controller.events import (InstanceFailed, InstanceRecovered, OptimizerDone, PoolSwitched, SampleFinished,
-                                    WeightsLoaded, WeightsPublished, WorkFinished)
+                                    ToolCalled, ToolReturned, WeightsLoaded, WeightsPublished, WorkFinished)
 
 
 class WorkerFailed(Exception):
@@ -48,14 +48,21 @@ class InstanceLost(Exception):
 
 
 class GenerationWorker(Worker):
-    def __init__(self, index: int, generator, weights: dict, results: dict, lock, events, clock):
+    """One generation instance. Agentic episodes: a turn that ends in a tool call is reported
+    (ToolCalled, the call kept in `calls` for the tool runner) and its sequence waits in the engine
+    for a ("resume", ...) message; time the instance spends with nothing to decode while episodes
+    wait on tools is recorded as tool_wait."""
+
+    def __init__(self, index: int, generator, weights: dict, results: dict, lock, events, clock,
+                 calls: dict | None = None):
         super().__init__(f"gen[{index}]", events, clock)
         self.index, self.generator, self.weights, self.results, self.lock = index, generator, weights, results, lock
+        self.calls = calls if calls is not None else {}
 
     def loop(self) -> None:
         while not self.stopping.is_set():
             try:  # busy: take what came in between two decode steps; idle: wait for work
-                message = self.inbox.get_nowait() if self.generator.busy else self.inbox.get()
+                message = self.inbox.get_nowait() if self.generator.busy else self._wait()
             except queue.Empty:
                 message = None
             if message is not None:
@@ -69,16 +76,43 @@ class GenerationWorker(Worker):
                     self.events.put(InstanceFailed(self.index))
                     continue
                 self.span(start, "useful", "decode")
-                for f in finished:
-                    with self.lock:
-                        self.results[f.key] = f
-                    self.events.put(SampleFinished(f.key, self.index, len(f.response)))
+                self._report(finished)
+
+    def _wait(self):
+        """Block for the next message; idle while episodes wait on their tools is tool_wait."""
+        if not getattr(self.generator, "held", None):
+            return self.inbox.get()
+        start = self.clock()
+        message = self.inbox.get()
+        if self.clock() > start:
+            self.span(start, "tool_wait", "idle: every episode waits on a tool")
+        return message
+
+    def _report(self, finished) -> None:
+        """Finished samples first, then the turns that ended in a tool call (the simulator's order)."""
+        for f in finished:
+            with self.lock:
+                self.results[f.key] = f
+            mask, episode = getattr(f, "mask", None), getattr(f, "episode", None)
+            model_tokens = sum(mask) if mask else len(f.response)
+            self.events.put(SampleFinished(f.key, self.index, model_tokens, episode["turns"] if episode else 1))
+        for c in self.generator.pop_calls() if hasattr(self.generator, "pop_calls") else ():
+            with self.lock:
+                self.calls[c.key] = c.call
+            self.events.put(ToolCalled(c.key, self.index, c.context, c.turns, c.generated))
 
     def handle(self, message) -> None:
         kind, payload = message
         if kind == "requests":
             for key, ids, seed in payload:
                 self.generator.add(key, ids, seed)
+        elif kind == "resume":  # (sample, tool result): its next turn here, or its end
+            self._report(self.generator.resume(*payload))
+        elif kind == "move":  # (sample, tool result, the instance it goes on on)
+            key, result, target = payload
+            target.inbox.put(("adopt", (self.generator.detach(key), result)))
+        elif kind == "adopt":
+            self._report(self.generator.adopt(*payload))
         elif kind == "replace":  # a restarted instance: a new generator, then the controller is told
             self.generator = payload
             self.events.put(InstanceRecovered(self.index))
@@ -93,6 +127,38 @@ class GenerationWorker(Worker):
             self.events.put(WeightsLoaded(self.index, payload))
         elif kind == "stop":
             self.stopping.set()
+
+
+class ToolWorker(Worker):
+    """One of the environment's tool runners: runs the calls the controller hands it, one at a time."""
+
+    def __init__(self, index: int, tools, calls: dict, results: dict, lock, events, clock):
+        super().__init__(f"tools[{index}]", events, clock)
+        self.index, self.tools, self.calls, self.results, self.lock = index, tools, calls, results, lock
+
+    def loop(self) -> None:
+        while True:
+            kind, sample = self.inbox.get()
+            if kind == "stop" or self.stopping.is_set():
+                return
+            with self.lock:
+                call = self.calls.pop(sample)
+            start = self.clock()
+            try:
+                result = self.tools.run(call)
+            except Exception as error:  # the runner itself broke: an infrastructure failure, masked
+                result = _Crashed(f"{type(error).__name__}: {error}")
+            self.span(start, "tool", f"{call.tool} (sample {'/'.join(map(str, sample))})")
+            with self.lock:
+                self.results[sample] = result
+            self.events.put(ToolReturned(sample, self.index, result.status))
+
+
+class _Crashed:
+    status = "crashed"
+
+    def __init__(self, observation: str):
+        self.observation = observation
 
 
 class ExecutorWorker(Worker):

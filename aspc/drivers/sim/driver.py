@@ -18,12 +18,12 @@ from aspc.accounting.ledger import Ledger, Span
 from aspc.controller import Controller, ControllerConfig
 from aspc.controller.config import ExecutorSpec
 from aspc.controller.events import (Action, Checkpoint, Dispatch, Finished, InstanceIdle, OptimizerDone,
-                                    OptimizerStep, PoolSwitched, PublishWeights, RestartInstance, RunWork,
-                                    SampleFinished, Start, SwitchPool, SyncWeights, WeightsLoaded, WeightsPublished,
-                                    Work, WorkFinished)
+                                    OptimizerStep, PoolSwitched, PublishWeights, RestartInstance, ResumeEpisode,
+                                    RunTool, RunWork, SampleFinished, Start, SwitchPool, SyncWeights, ToolCalled,
+                                    ToolReturned, WeightsLoaded, WeightsPublished, Work, WorkFinished)
 from aspc.controller.episodes import EpisodePolicy
 from aspc.costmodel.workload import Environment, draw_episode, sample_step
-from aspc.drivers.sim.episodes import EpisodePlan, ToolRunners, plan_episode
+from aspc.drivers.sim.episodes import EpisodePlan, plan_episode
 from aspc.plan.execution_plan import ExecutionPlan, Instance, StagePlan
 
 
@@ -84,7 +84,6 @@ class Simulation:
         envs = plan.stages_of("environment")
         self.env = Environment.of(dict(envs[0].options)) if envs else None
         self.policy = EpisodePolicy.of(envs[0]) if envs else None
-        self.tools = ToolRunners(self.env.workers if self.env else 0)
         self._episodes: dict[tuple, EpisodePlan] = {}
         self._calls_done: dict[tuple, int] = {}
         self.tool_calls = 0
@@ -168,6 +167,10 @@ class Simulation:
                 self._occupy(ex, seconds, "sync", f"publish v{action.version}", WeightsPublished(action.version))
             case SyncWeights():
                 self._load(action)
+            case RunTool():
+                self._run_tool(action)
+            case ResumeEpisode():
+                self._resume_episode(action)
             case SwitchPool():
                 self._switch(action)
             case Finished():
@@ -240,7 +243,8 @@ class Simulation:
             self.progress(self.controller.version)
 
     def _finish(self, index: int, sample) -> None:
-        self.feed(SampleFinished(sample, index, self._truth(sample)))
+        turns = len(self.episode(sample).turns) if self.env else 1
+        self.feed(SampleFinished(sample, index, self._truth(sample), turns))
         self.finished_at[len(self.finished_at)] = self.now
         self._calls_done.pop(sample, None)
         if self.env is not None and sample[0] < self.steps:  # what the report counts: the steps trained
@@ -249,32 +253,53 @@ class Simulation:
 
     # ---- tool calls (agentic episodes) ----
     def _call_tool(self, index: int, sample) -> None:
-        """A turn ended in a tool call: it waits for a free runner, then runs for its latency."""
-        self.tools.submit((index, sample))
-        self._start_tools()
-
-    def _start_tools(self) -> None:
-        for runner, (index, sample) in self.tools.start():
-            call = self.episode(sample).calls[self._calls_done.get(sample, 0)]
-            end = self.now + call.seconds
-            self.ledger.spans.append(Span(f"tools[{runner}]", self.now, end, "tool",
-                                          f"{call.tool} (sample {'/'.join(map(str, sample))})"))
-            self.tool_calls += sample[0] < self.steps
-            self.at(end, "tool", runner, index, sample)
-
-    def _at_tool(self, runner: int, index: int, sample) -> None:
-        self.tools.release(runner)
+        """A turn ended in a tool call: the controller queues it for a tool runner."""
         inst, episode = self.instances[index], self.episode(sample)
+        turns = self._calls_done.get(sample, 0) + 1
+        self.feed(ToolCalled(sample, index, inst.waiting[sample], turns, sum(episode.turns[:turns])))
+
+    def _run_tool(self, a: RunTool) -> None:
+        """The call runs on its runner for its drawn latency (capped at the tool's timeout)."""
+        call = self.episode(a.sample).calls[self._calls_done.get(a.sample, 0)]
+        end = self.now + call.seconds
+        self.ledger.spans.append(Span(f"tools[{a.runner}]", self.now, end, "tool",
+                                      f"{call.tool} (sample {'/'.join(map(str, a.sample))})"))
+        self.tool_calls += a.sample[0] < self.steps
+        self.at(end, "tool", a.runner, a.sample)
+
+    def _at_tool(self, runner: int, sample) -> None:
         self._calls_done[sample] = done = self._calls_done.get(sample, 0) + 1
-        if done == len(episode.calls) and episode.ends_on_call:
-            inst.end_on_tool(self.now, sample)
-            self._finish(index, sample)
-            if inst.static and not inst.live:
-                self.feed(InstanceIdle(index, inst.capacity))
+        episode = self.episode(sample)
+        timed_out = done == len(episode.calls) and episode.ends_on_call
+        self.feed(ToolReturned(sample, runner, "timeout" if timed_out else "ok"))
+
+    def _resume_episode(self, a: ResumeEpisode) -> None:
+        home = self.instances[a.home]
+        if a.instance == a.home and not self._ends_on_call(a.sample):
+            home.resume(self.now, a.sample)
+            self._schedule_instance(home)
+            return
+        # the engine reads the message when the decode step (or stall) under way ends
+        self.at(home.reads_inbox_at(self.now), "handoff", a)
+
+    def _ends_on_call(self, sample) -> bool:
+        episode = self.episode(sample)
+        return self._calls_done[sample] == len(episode.calls) and episode.ends_on_call
+
+    def _at_handoff(self, a: ResumeEpisode) -> None:
+        """The episode ends on its call (a timeout), or moves: its history re-prefilled on the other instance."""
+        home = self.instances[a.home]
+        self._at_instance(a.home, home.generation)  # what the step just ended finished reports first
+        if self._ends_on_call(a.sample):
+            home.end_on_tool(self.now, a.sample)
+            self._finish(a.home, a.sample)
+            if home.static and not home.live:
+                self.feed(InstanceIdle(a.home, home.capacity))
         else:
-            inst.resume(self.now, sample)
-        self._start_tools()
-        self._schedule_instance(inst)
+            target = self.instances[a.instance]
+            target.adopt(self.now, a.sample, *home.detach(self.now, a.sample))
+            self._schedule_instance(target)
+        self._schedule_instance(home)
 
     def _load(self, a: SyncWeights) -> None:
         inst = self.instances[a.instance]

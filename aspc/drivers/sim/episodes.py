@@ -1,5 +1,6 @@
 """Agentic episodes in the simulator: each sample's turns and tool calls, decided by the shared
-episode policy (aspc/controller/episodes.py), and the environment's tool runners.
+episode policy (aspc/controller/episodes.py). Which runner a call runs on, and where an episode
+goes on after it, is the controller's (aspc/controller/tools.py, `Controller._on_ToolReturned`).
 
 A drawn episode (aspc/costmodel/workload.py) has T turns and T - 1 tool calls. The policy ends it
 where the runtime would: after its last turn (the answer), or on a tool call that runs past the
@@ -7,8 +8,6 @@ tool's timeout (the call is charged its timeout and no observation comes back).
 """
 from __future__ import annotations
 
-import heapq
-from collections import deque
 from dataclasses import dataclass
 
 from aspc.controller.episodes import CALL, EOS, Episode, EpisodePolicy
@@ -54,22 +53,3 @@ def plan_episode(env: Environment, policy: EpisodePolicy, draw: EpisodeDraw) -> 
             return EpisodePlan(draw.turns[:i + 1], tuple(calls), episode.tool_failed("timeout"))
         calls.append(ToolCall(tool.name, draw.latencies[i], draw.observations[i]))
     raise AssertionError("an episode's last turn ends it")
-
-
-class ToolRunners:
-    """`workers` runners shared by every instance; a call waits in FIFO order for a free one."""
-
-    def __init__(self, workers: int):
-        self.free = list(range(workers))
-        self.queue: deque = deque()
-
-    def submit(self, call) -> None:
-        self.queue.append(call)
-
-    def start(self):
-        """(runner, call) pairs that start now."""
-        while self.queue and self.free:
-            yield heapq.heappop(self.free), self.queue.popleft()
-
-    def release(self, runner: int) -> None:
-        heapq.heappush(self.free, runner)
