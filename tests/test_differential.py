@@ -135,7 +135,8 @@ def test_both_drivers_move_episodes_alike(tmp_path, recorded, monkeypatch):
     from aspc.controller.generation import Generation
 
     def restless(self, sample, home, context):
-        peers = [j for j, other in enumerate(self.instances) if j != home and other.loaded == self.instances[home].loaded
+        loaded = self.instances[home].loaded
+        peers = [j for j, other in enumerate(self.instances) if j != home and other.loaded == loaded
                  and other.pending_sync is None and len(other.inflight) < other.capacity]
         return peers[0] if peers else home
 
