@@ -30,8 +30,8 @@ _JUDGE = {**_REWARD_MODEL, "reward(gen, model = rm) on judges": 'reward(gen, sou
 _REWARD_ON_LEARNER = {**_DISAGGREGATED,  # the reward model time-shares the trainer's executor
                       "model ref = frozen(actor)": "model ref = frozen(actor)\nmodel rm = frozen(actor)",
                       'reward(gen, rule = "exact_match")': "reward(gen, model = rm) on learner"}
-_CONTENDED = {**_DISAGGREGATED, "tool_workers = 4": "tool_workers = 1",  # one tool runner; syncs at turn boundaries
-              "stream = 8 }": "stream = 8, partial_rollout = 2 }"}
+_CONTENDED = {**_DISAGGREGATED, "tool_workers = 4": "tool_workers = 1",  # one runner; syncs at
+              "stream = 8 }": "stream = 8, partial_rollout = 2 }"}  # turn boundaries
 _TIMEOUTS = {"timeout = 5": "timeout = 0.5"}  # every call runs past its timeout: episodes end on it
 PLANS = {"time_shared": {}, "disaggregated": _DISAGGREGATED, "reward_model": _REWARD_MODEL, "judge": _JUDGE,
          "reward_on_learner": _REWARD_ON_LEARNER, "agentic": {}, "agentic_contended": _CONTENDED,

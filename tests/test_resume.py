@@ -21,6 +21,22 @@ def command(tmp_path, *extra, steps=STEPS, every=2):
             "--checkpoint-every", str(every), "--metrics", str(tmp_path / "m.jsonl"), *extra]
 
 
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            found += [int(c) for c in f.read().split()]
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
 def test_sigkill_mid_run_then_resume_trains_every_sample_exactly_once(tmp_path):
     path = tmp_path / "m.jsonl"
     process = subprocess.Popen(command(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -28,8 +44,14 @@ def test_sigkill_mid_run_then_resume_trains_every_sample_exactly_once(tmp_path):
     while len(metrics(path)) < 5 and time.time() < deadline and process.poll() is None:
         time.sleep(0.05)
     assert process.poll() is None, "the run ended before it could be killed"
+    workers = _children(process.pid)  # the generation instances' and the learner's processes
+    assert len(workers) >= 3
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
+    deadline = time.time() + 30
+    while any(_alive(pid) for pid in workers) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in workers), "worker processes outlived the killed run"
     killed_at = len(metrics(path))
     assert 5 <= killed_at < STEPS
     resumed = subprocess.run(command(tmp_path, "--resume"), capture_output=True, text=True, timeout=300)

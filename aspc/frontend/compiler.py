@@ -105,7 +105,7 @@ def lower(program: ast.Program, base_dir: Path | None, sink: DiagnosticSink) -> 
     """Resolve declarations and build the stage graph; checks report into the sink."""
     symbols = collect_symbols(program, sink)
     pools = [p for p in map(lambda d: resolve_pool(d, sink), symbols.of(ast.Pool)) if p]
-    models = resolve_models(symbols, sink)
+    models = resolve_models(symbols, sink, base_dir)
     data = [d for d in (resolve_data(d, base_dir, sink) for d in symbols.of(ast.Data)) if d]
     schedule = resolve_schedule(symbols.schedule, program.file, sink)
     name = symbols.pipeline.name if symbols.pipeline else "unnamed"

@@ -48,6 +48,7 @@ def call_table() -> str:
 
 def all_tables() -> list[str]:
     tables = [table("model = PRESET", schema.MODEL_PRESET), table("model = custom", schema.MODEL_CUSTOM),
+              table("model = hf(DIR)", schema.MODEL_HF),
               table("model = frozen(NAME)", schema.MODEL_FROZEN), table("data = jsonl(FILE)", schema.DATA_JSONL),
               table("data = synthetic(TASK)", schema.DATA_SYNTHETIC)]
     tables += [table(f"stage = {kind}(...)", specs) for kind, specs in schema.STAGES.items()]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from aspc.frontend import ast, schema
 from aspc.frontend.diagnostics import DiagnosticSink, Suggestions, did_you_mean
+from aspc.frontend.hf_config import HfConfigError, read_hf_model
 from aspc.ir.facts import ModelArch, hardware_table, model_presets
 from aspc.ir.graph import DataSpec, ModelSpec, PoolSpec, ScheduleSpec
 from aspc.frontend.options import INVALID, OptionValues, convert, describe, read_options
@@ -71,12 +72,12 @@ def resolve_pool(pool: ast.Pool, sink: DiagnosticSink) -> PoolSpec | None:
     return None if count is INVALID else PoolSpec(pool.name, table[pool.hardware], count, pool.span)
 
 
-def resolve_models(symbols: Symbols, sink: DiagnosticSink) -> dict[str, ModelSpec]:
-    """Presets and custom models first, then frozen copies of them (in any order)."""
+def resolve_models(symbols: Symbols, sink: DiagnosticSink, aspl_dir: Path | None = None) -> dict[str, ModelSpec]:
+    """Presets, custom and hf(...) models first, then frozen copies of them (in any order)."""
     models = {}
     decls = symbols.of(ast.Model)
     for model in (m for m in decls if m.source != "frozen"):
-        spec = _resolve_model(model, sink)
+        spec = _resolve_hf(model, aspl_dir, sink) if model.source == "hf" else _resolve_model(model, sink)
         if spec is not None:
             models[model.name] = spec
     for model in (m for m in decls if m.source == "frozen"):
@@ -108,10 +109,31 @@ def _resolve_model(model: ast.Model, sink: DiagnosticSink) -> ModelSpec | None:
                      values["seed"], None, model.span)
 
 
+def _resolve_hf(model: ast.Model, aspl_dir: Path | None, sink: DiagnosticSink) -> ModelSpec | None:
+    """`hf("DIR")`: the shape and dtype from DIR/config.json (DIR relative to the .aspl file)."""
+    args = model.args or ()
+    if len(args) != 1 or not isinstance(args[0], ast.Str):
+        sink.error(model.source_span, 'hf(...) takes one checkpoint directory: hf("checkpoints/qwen2.5-0.5b")')
+        return None
+    values = read_options(model.options, schema.MODEL_HF, f"model '{model.name}'", model.span, sink)
+    try:
+        found = read_hf_model(aspl_dir / args[0].value if aspl_dir else Path(args[0].value))
+    except HfConfigError as error:
+        sink.error(args[0].span, error.message, error.hint)
+        return None
+    for message, hint in found.warnings:
+        sink.warning(args[0].span, message, hint)
+    if not values.valid("dtype"):
+        return None
+    return ModelSpec(model.name, "hf", found.arch, values["dtype"] or found.dtype, args[0].value,
+                     span=model.span)
+
+
 def _unknown_model_source(model: ast.Model, sink: DiagnosticSink) -> None:
-    known = list(model_presets()) + ["custom", "frozen"]
+    known = list(model_presets()) + ["custom", "frozen", "hf"]
     hint = did_you_mean(model.source.lower(), known) or (
-        "use a preset (" + ", ".join(model_presets()) + "), `custom { layers = .. }` or `frozen(NAME)`")
+        "use a preset (" + ", ".join(model_presets()) + "), `custom { layers = .. }`, `hf(\"DIR\")` or "
+        "`frozen(NAME)`")
     sink.error(model.source_span, f"unknown model '{model.source}'", hint)
 
 
@@ -149,7 +171,8 @@ def _resolve_frozen(model: ast.Model, symbols: Symbols, models: dict[str, ModelS
         return None
     target = args[0].name
     if target not in models:
-        _unknown_reference(args[0], symbols, ast.Model, sink)
+        if not isinstance(symbols.decls.get(target), ast.Model):  # a model that failed has its own error
+            _unknown_reference(args[0], symbols, ast.Model, sink)
         return None
     values = read_options(model.options, schema.MODEL_FROZEN, f"model '{model.name}'", model.span, sink)
     if not values.valid("dtype"):

@@ -111,6 +111,10 @@ MODEL_CUSTOM = _opts(
     OptionSpec("tied", "bool", True, "tie input embedding and output head"),
     _count("max_seq", "longest sequence the model takes", 1024),
 )
+MODEL_HF = _opts(
+    OptionSpec("dtype", "enum", DERIVED, "parameter dtype (also of `aspc export`); default: the checkpoint's",
+               choices=("bf16", "fp16", "fp32")),
+)
 MODEL_FROZEN = _opts(OptionSpec("dtype", "enum", DERIVED, "parameter dtype; default: the original's",
                                   choices=("bf16", "fp16", "fp32")))
 

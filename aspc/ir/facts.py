@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from importlib import resources
 
 GIB = 1024**3
@@ -48,6 +48,10 @@ class ModelArch:
     qk_rope_dim: int = 0
     v_head_dim: int = 0
     max_seq: int = 4096
+    # what a Hugging Face config.json adds (model = hf("DIR")); left out of JSON at their defaults
+    rope_theta: float = field(default=10000.0, metadata={"omit_if_default": True})
+    norm_eps: float = field(default=1e-6, metadata={"omit_if_default": True})
+    qk_norm: bool = field(default=False, metadata={"omit_if_default": True})  # Qwen3: RMSNorm on q and k per head
 
     @property
     def moe_layers(self) -> int:

@@ -27,7 +27,7 @@ def to_dict(graph: StageGraph) -> dict[str, Any]:
         "schedule": {"kind": graph.schedule.kind, "options": _options(graph.schedule.options),
                      "span": _span(graph.schedule.span)},
         "pools": [_record(p, hardware=dataclasses.asdict(p.hardware)) for _, p in sorted(graph.pools.items())],
-        "models": [_record(m, arch=dataclasses.asdict(m.arch)) for _, m in sorted(graph.models.items())],
+        "models": [_record(m, arch=_arch(m.arch)) for _, m in sorted(graph.models.items())],
         "data": [_record(d, response_lengths=encode(d.response_lengths),
                          prompt_lengths=encode(d.prompt_lengths)) for _, d in sorted(graph.data.items())],
         "stages": [_stage(s) for s in graph.stages()],
@@ -42,6 +42,12 @@ def _stage(stage: Stage) -> dict[str, Any]:
         del out[name]
     out["results"] = {name: encode(dataclasses.asdict(record)) for name, record in stage.results()}
     return out
+
+
+def _arch(arch: ModelArch) -> dict[str, Any]:
+    """The shape's fields; those marked omit_if_default (a checkpoint's extras) only when set."""
+    return {f.name: getattr(arch, f.name) for f in dataclasses.fields(arch)
+            if not (f.metadata.get("omit_if_default") and getattr(arch, f.name) == f.default)}
 
 
 def _record(obj, **overrides) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from aspc.frontend.tool_schemas import SchemaError, tool_schemas
 from aspc.ir.facts import DTYPE_BYTES, ModelArch
-from aspc.plan.execution_plan import ExecutionPlan, StagePlan, WeightSyncPlan
+from aspc.plan.execution_plan import ExecutionPlan, ModelPlan, StagePlan, WeightSyncPlan
 from aspc.backends.ascend.groups import process_groups
 from aspc.controller.kinds import JUDGE_VERDICT_TOKENS
 from aspc.backends.ascend.topology import Device, device, pool_offsets, visible_devices
@@ -76,20 +76,21 @@ class LaunchPlan:
 
 
 def lower(plan: ExecutionPlan, base_dir: Path | None = None) -> LaunchPlan:
-    """base_dir: the .aspl file's folder, where python tool modules are looked up first (for the
-    schemas of hermes tools that declare no parameters)."""
+    """base_dir: the .aspl file's folder, against which checkpoint directories are resolved (vLLM's
+    `model`) and where python tool modules are looked up first (for the schemas of hermes tools
+    that declare no parameters)."""
     offsets = pool_offsets(plan.pools)
     processes, stages = [], []
     for index, stage in enumerate(s for s in plan.stages if s.pool is not None):
         if stage.kind == "generate":
             processes += _engine_processes(plan, stage, offsets[stage.pool])
-            stages.append(_engine_launch(plan, stage))
+            stages.append(_engine_launch(plan, stage, base_dir))
         elif stage.kind in MEGATRON_KINDS:
             processes += _megatron_processes(stage, offsets[stage.pool], BASE_PORT + index)
             stages.append(_megatron_launch(plan, stage))
         elif _source_models(stage, "judge"):
             processes += _engine_processes(plan, stage, offsets[stage.pool])
-            stages.append(_judge_launch(plan, stage))
+            stages.append(_judge_launch(plan, stage, base_dir))
         elif _source_models(stage, "model"):
             processes += _megatron_processes(stage, offsets[stage.pool], BASE_PORT + index)
             stages.append(_reward_model_launch(plan, stage))
@@ -127,14 +128,23 @@ def _one_node(devs: list[Device], stage: str) -> int:
     return nodes.pop()
 
 
-def _engine_launch(plan: ExecutionPlan, stage: StagePlan) -> StageLaunch:
+def engine_model(model: ModelPlan, base_dir: Path | None) -> str:
+    """vLLM's `model`: the checkpoint directory (hf("DIR") or `checkpoint = "DIR"`), absolute when the
+    .aspl file's folder is known; without one, a marker that no directory exists (vLLM needs a
+    config.json directory even for load_format="dummy")."""
+    if not model.checkpoint:
+        return f"<no-checkpoint:{model.name}={model.preset}>"
+    return str((base_dir / model.checkpoint).resolve()) if base_dir is not None else model.checkpoint
+
+
+def _engine_launch(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None) -> StageLaunch:
     model = plan.model(stage.model)
     data = plan.dataset(stage.data)
     options = dict(stage.options)
     par = stage.parallel
     max_num_seqs = 256
     args = {
-        "model": model.name, "dtype": _torch_dtype(model.dtype), "tensor_parallel_size": par.tp,
+        "model": engine_model(model, base_dir), "dtype": _torch_dtype(model.dtype), "tensor_parallel_size": par.tp,
         "pipeline_parallel_size": par.pp, "data_parallel_size": par.dp,
         "enable_expert_parallel": par.ep > 1, "max_num_seqs": max_num_seqs,
         "max_model_len": data.max_prompt + options["max_tokens"], "gpu_memory_utilization": 0.9,
@@ -158,7 +168,7 @@ def _source_models(stage: StagePlan, func: str) -> list[str]:
     return [source.get("model") for source in dict(stage.options).get("sources", ()) if source.func == func]
 
 
-def _judge_launch(plan: ExecutionPlan, stage: StagePlan) -> StageLaunch:
+def _judge_launch(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None) -> StageLaunch:
     """An LLM judge is a vllm-ascend engine like generation: greedy, a short verdict, the rubric
     around the prompt and response in its context; its weights are frozen (no refresh)."""
     model = plan.model(_source_models(stage, "judge")[0])
@@ -169,10 +179,11 @@ def _judge_launch(plan: ExecutionPlan, stage: StagePlan) -> StageLaunch:
     source = next(s for s in dict(stage.options)["sources"] if s.func == "judge")
     calls = source.get("concurrency")  # the calls in flight on one engine: its batch
     args = {
-        "model": model.name, "dtype": _torch_dtype(model.dtype), "tensor_parallel_size": par.tp,
+        "model": engine_model(model, base_dir), "dtype": _torch_dtype(model.dtype), "tensor_parallel_size": par.tp,
         "pipeline_parallel_size": par.pp, "data_parallel_size": par.dp, "enable_expert_parallel": par.ep > 1,
         "max_num_seqs": calls, "max_model_len": context, "gpu_memory_utilization": 0.9, "enforce_eager": False,
-        "enable_sleep_mode": stage.placement == "time_shared", "load_format": "dummy", "seed": 0,
+        "enable_sleep_mode": stage.placement == "time_shared", "seed": 0,
+        "load_format": "auto" if model.checkpoint else "dummy",  # frozen: its weights come from the directory
         "compilation_config": {"cudagraph_capture_sizes": _capture_sizes(calls)},
     }
     sampling = {"temperature": 0.0, "max_tokens": JUDGE_VERDICT_TOKENS, "logprobs": 5}
@@ -214,7 +225,7 @@ def _reward_model_launch(plan: ExecutionPlan, stage: StagePlan) -> StageLaunch:
     model = plan.model(_source_models(stage, "model")[0])
     config = transformer_config(model.arch, model.dtype, stage.parallel, False)
     model_args = {"vocab_size": model.arch.vocab, "max_sequence_length": model.arch.max_seq,
-                  "position_embedding_type": "rope", "rotary_base": 1_000_000 if model.preset != "custom" else 10_000,
+                  "position_embedding_type": "rope", "rotary_base": _rotary_base(model),
                   "share_embeddings_and_output_weights": False, "post_process": False}  # hidden states out
     compiler = {"mode": "max-autotune", "experimental_config": {"frozen_parameter": True,
                                                                 "tiling_schedule_optimize": True},
@@ -259,7 +270,7 @@ def _megatron_launch(plan: ExecutionPlan, stage: StagePlan) -> StageLaunch:
     recompute = bool(options.get("recompute", False))
     config = transformer_config(model.arch, model.dtype, stage.parallel, recompute)
     model_args = {"vocab_size": model.arch.vocab, "max_sequence_length": model.arch.max_seq,
-                  "position_embedding_type": "rope", "rotary_base": 1_000_000 if model.preset != "custom" else 10_000,
+                  "position_embedding_type": "rope", "rotary_base": _rotary_base(model),
                   "share_embeddings_and_output_weights": model.arch.tied}
     compiler = None
     mb = stage.micro_batching
@@ -329,3 +340,10 @@ def _transfers(plan: ExecutionPlan, sync: WeightSyncPlan) -> list[Transfer]:
 
 def weight_bytes(arch: ModelArch, dtype: str) -> int:
     return arch.total_params() * DTYPE_BYTES[dtype]
+
+
+def _rotary_base(model: ModelPlan) -> float:
+    """RoPE's base: config.json's for hf(...) models; the presets' (Qwen) and custom models'."""
+    if model.preset == "hf":
+        return model.arch.rope_theta
+    return 1_000_000 if model.preset != "custom" else 10_000

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aspc.backends.cpu.tasks import example
-from aspc.backends.cpu.tokenizer import BOS, encode
+from aspc.backends.cpu.tokenizer import CHARS
 
 
 class DataError(Exception):
@@ -27,29 +27,32 @@ class Prompt:
 
 
 class PromptSource:
-    """Prompt i of the run: a seeded task example, or row i of the file (reshuffled each epoch)."""
+    """Prompt i of the run: a seeded task example, or row i of the file (reshuffled each epoch),
+    as token ids of the model's tokenizer (a checkpoint's: the text in its chat template)."""
 
-    def __init__(self, source: str, location: str, seed: int, max_response: int, base_dir: Path | None):
+    def __init__(self, source: str, location: str, seed: int, max_response: int, base_dir: Path | None,
+                 tokenizer=CHARS):
         self.source, self.location, self.seed, self.max_response = source, location, seed, max_response
+        self.tokenizer = tokenizer
         self.rows = _read_jsonl(base_dir / location if base_dir else Path(location)) if source == "jsonl" else None
 
     def __call__(self, index: int) -> Prompt:
         if self.rows is None:
             ex = example(self.location, self.seed, index, self.max_response)
-            return Prompt(ex.prompt, [BOS] + encode(ex.prompt), ex.answer)
+            return Prompt(ex.prompt, self.tokenizer.prompt_ids(ex.prompt), ex.answer)
         epoch, offset = divmod(index, len(self.rows))
         order = list(range(len(self.rows)))
         random.Random(f"{self.seed}/{epoch}").shuffle(order)
         line, row = self.rows[order[offset]]
-        return Prompt(row["prompt"], [BOS] + _encode(row["prompt"], self.location, line), row.get("answer"),
+        return Prompt(row["prompt"], self._encode(row["prompt"], line), row.get("answer"),
                       row.get("metadata") or {})
 
-
-def _encode(text: str, file: str, line: int) -> list[int]:
-    try:
-        return encode(text)
-    except ValueError as error:
-        raise DataError(f"{file}:{line}: {error}; the CPU backend's tokenizer covers the built-in tasks only") from None
+    def _encode(self, text: str, line: int) -> list[int]:
+        try:
+            return self.tokenizer.prompt_ids(text)
+        except ValueError as error:
+            raise DataError(f"{self.location}:{line}: {error}; the CPU backend's tokenizer covers the built-in "
+                            "tasks only") from None
 
 
 def json_objects(path: Path, what: str) -> list[tuple[int, dict]]:

@@ -11,18 +11,20 @@ from aspc.backends.cpu import agentic, checkpoint
 from aspc.backends.cpu.checkpoint import CheckpointError
 from aspc.backends.cpu.data import DataError, Prompt, PromptSource
 from aspc.backends.cpu.generator import BatchGenerator
+from aspc.backends.cpu.hf_tokenizer import HfTokenizer
+from aspc.backends.cpu.hf_weights import load_hf_model
 from aspc.backends.cpu.learner import Learner, Rollout, TrainSettings
 from aspc.backends.cpu.model import TinyQwen
 from aspc.backends.cpu.judge import TRAIN_HINT as JUDGE_HINT
 from aspc.backends.cpu.judge import load_judge
 from aspc.backends.cpu.reward_model import TRAIN_HINT, checkpoint_path, load_reward_model
 from aspc.backends.cpu.scoring import RewardScorer, Shaping, build_terms
-from aspc.backends.cpu.tokenizer import encode
+from aspc.backends.cpu.tokenizer import CHARS, encode
 from aspc.backends.cpu.rewards import RULES, RewardError, build_reward, exact_match
 from aspc.algorithms.slots import default_slots
 from aspc.backends.cpu.threads import use_threads
 from aspc.backends.cpu.warmstart import warm_start
-from aspc.plan.execution_plan import ExecutionPlan, StageRefusal
+from aspc.plan.execution_plan import ExecutionPlan, ModelPlan, StageRefusal
 
 
 LEARNED = ("model", "judge")  # reward sources scored by a model of their own, on the stage's executor
@@ -44,9 +46,11 @@ class CpuExecutors:
         refused = unsupported_stages(plan)
         if refused:
             raise ValueError(refused[0].message)
+        actor = plan.model(self.train_stage.model)
+        self.tokenizer = HfTokenizer(checkpoint_dir(actor, base_dir)) if actor.preset == "hf" else CHARS
         self.prompts = PromptSource(self.data.source, self.data.location, self.data.seed,
-                                    self.data.max_response, base_dir)
-        self.actor = TinyQwen(plan.model(self.train_stage.model).arch, seed=seed)
+                                    self.data.max_response, base_dir, self.tokenizer)
+        self.actor = build_model(actor, base_dir, seed)
         sources = dict(plan.stages_of("reward")[0].options)["sources"]
         self.reward_models = self._load_reward_models()  # fails early: a missing checkpoint, a bad file
         # A rule or python reward runs in the learner; a stage with model(...) or judge(...) sources
@@ -72,7 +76,8 @@ class CpuExecutors:
 
     def warm_start(self, steps: int, on_step=None) -> None:
         demo = agentic.demonstration if self.env_stage is not None else None
-        warm_start(self.actor, self.prompts, steps, on_step=on_step, demo=demo, demo_every=agentic.DEMO_EVERY)
+        warm_start(self.actor, self.prompts, steps, on_step=on_step, demo=demo, demo_every=agentic.DEMO_EVERY,
+                   tokenizer=self.tokenizer)
 
     def snapshot(self) -> dict:
         return copy.deepcopy(self.actor.state_dict())
@@ -86,13 +91,14 @@ class CpuExecutors:
                                              self.gen_stage.batching != "continuous", self.tools())
         return BatchGenerator(copy.deepcopy(self.actor).eval(), slots, options["max_tokens"],
                               options["temperature"], options["top_p"],
-                              static=self.gen_stage.batching != "continuous")
+                              static=self.gen_stage.batching != "continuous", eos_ids=self.tokenizer.eos_ids)
 
     def trainer(self) -> Learner:
         """The learner (reward, reference, critic, policy update) over the same actor; built after
         the warm start, since the reference is a frozen copy of the warm-started actor."""
         if self.learner is None:
-            self.learner = Learner(self.actor, self._reference(), self._critic(), self._settings(), self.reward_fn)
+            self.learner = Learner(self.actor, self._reference(), self._critic(), self._settings(), self.reward_fn,
+                                   self.tokenizer.decode)
         return self.learner
 
     def forward_model(self, stage: str, instance: int) -> RewardScorer:
@@ -151,7 +157,8 @@ class CpuExecutors:
         measure = self.reward_fn if self.verifier is None else self.verifier
         if self.env_stage is not None:  # episodes with tools, the final answers measured
             return self.evaluate_episodes(count)["accuracy"]
-        return greedy_accuracy(self.actor, self.prompts, measure, count, dict(self.gen_stage.options)["max_tokens"])
+        return greedy_accuracy(self.actor, self.prompts, measure, count, dict(self.gen_stage.options)["max_tokens"],
+                               self.tokenizer)
 
     # ---- checkpoints ----
     @staticmethod
@@ -159,7 +166,15 @@ class CpuExecutors:
         return ({"actor": learner.actor, "reference": learner.ref, "critic": learner.critic},
                 {"actor": learner.optimizer, "critic": learner.critic_optimizer})
 
-    save_checkpoint = staticmethod(checkpoint.save)
+    def save_checkpoint(self, directory: Path, version: int, models: dict, optimizers: dict, extra: dict) -> Path:
+        """checkpoint.save, with what `aspc export` needs to write an hf(...) actor back as a
+        checkpoint directory: the source directory and the dtype."""
+        actor = self.plan.model(self.train_stage.model)
+        if actor.preset != "hf":
+            return checkpoint.save(directory, version, models, optimizers, extra)
+        source = {"source": str(checkpoint_dir(actor, self.base_dir).resolve()), "dtype": actor.dtype}
+        return checkpoint.save(directory, version, models, optimizers, {**extra, "hf": {"actor": source}})
+
     load_checkpoint = staticmethod(checkpoint.load)
     find_resume_point = staticmethod(checkpoint.find_resume_point)
     read_manifest = staticmethod(checkpoint.read_manifest)
@@ -186,13 +201,13 @@ class CpuExecutors:
         model = self.plan.model(stages[0].model)
         if model.frozen_of == self.train_stage.model:
             return copy.deepcopy(self.actor).eval()
-        return TinyQwen(model.arch, seed=self.seed + 1).eval()
+        return build_model(model, self.base_dir, self.seed + 1).eval()
 
     def _critic(self):
         stages = self.plan.stages_of("critic")
         if not stages:
             return None
-        return TinyQwen(self.plan.model(stages[0].model).arch, seed=self.seed + 2, value_head=True)
+        return build_model(self.plan.model(stages[0].model), self.base_dir, self.seed + 2, value_head=True)
 
     def _settings(self) -> TrainSettings:
         t = dict(self.train_stage.options)
@@ -207,9 +222,21 @@ class CpuExecutors:
             critic_lr=dict(critic[0].options)["lr"] if critic else 1e-5)
 
 
+def checkpoint_dir(model: ModelPlan, base_dir: Path | None) -> Path:
+    """An hf(...) model's directory: as written, relative to the .aspl file."""
+    return base_dir / model.checkpoint if base_dir is not None else Path(model.checkpoint)
+
+
+def build_model(model: ModelPlan, base_dir: Path | None, seed: int, value_head: bool = False) -> TinyQwen:
+    """An hf(...) model with its checkpoint's weights; any other initialised from the seed."""
+    if model.preset == "hf":
+        return load_hf_model(model.arch, checkpoint_dir(model, base_dir), seed, value_head)
+    return TinyQwen(model.arch, seed=seed, value_head=value_head)
+
+
 def unsupported_stages(plan: ExecutionPlan) -> list[StageRefusal]:
     """What the CPU backend cannot execute, refused before the run (the CLI points at each)."""
-    found = []
+    found = _refused_with_checkpoint(plan)
     for stage in plan.stages:
         if stage.kind == "train" and dict(stage.options).get("epochs", 1) != 1:
             found.append(StageRefusal(stage.name, f"stage '{stage.name}': the CPU backend trains one epoch per "
@@ -220,6 +247,23 @@ def unsupported_stages(plan: ExecutionPlan) -> list[StageRefusal]:
                                       "format"))
         for source in dict(stage.options).get("sources", ()) if stage.kind == "reward" else ():
             found += _refused_source(plan, stage.name, source)
+    return found
+
+
+def _refused_with_checkpoint(plan: ExecutionPlan) -> list[StageRefusal]:
+    """An hf(...) actor speaks its checkpoint's tokenizer: what reads the character vocabulary
+    (compact tool calls, tiny reward models and judges) cannot go with it."""
+    train = plan.stages_of("train")
+    if not train or plan.model(train[0].model).preset != "hf":
+        return []
+    found = [StageRefusal(s.name, f"stage '{s.name}': tool-using episodes on the CPU backend need the tiny "
+                                  "character tokenizer, not an hf(...) checkpoint's", "use a custom model")
+             for s in plan.stages_of("environment")]
+    for stage in plan.stages_of("reward"):
+        if any(source.func in LEARNED for source in dict(stage.options)["sources"]):
+            found.append(StageRefusal(stage.name, f"stage '{stage.name}': the CPU backend's reward models and "
+                                                  "judges read the tiny character vocabulary, not an hf(...) "
+                                                  "checkpoint's tokens", "score with rule(...) or python(...)"))
     return found
 
 

@@ -40,8 +40,9 @@ class Finished:
 
 class BatchGenerator:
     def __init__(self, model: TinyQwen, slots: int, max_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, static: bool = False):
+                 top_p: float = 1.0, static: bool = False, eos_ids: frozenset = frozenset({EOS})):
         self.model, self.slots, self.max_tokens = model, slots, max_tokens
+        self.eos_ids = eos_ids  # the tokenizer's: a token that ends a response
         self.temperature, self.top_p, self.static = temperature, top_p, static
         self.cache = KVCache(model.arch, slots, model.arch.max_seq)
         self.waiting: deque[Sequence] = deque()
@@ -107,7 +108,7 @@ class BatchGenerator:
         limit = self.model.arch.max_seq
         for slot, seq in list(self.active.items()):
             full = len(seq.prompt) + len(seq.response) >= limit
-            if seq.response[-1] == EOS or len(seq.response) >= self.max_tokens or full:
+            if seq.response[-1] in self.eos_ids or len(seq.response) >= self.max_tokens or full:
                 del self.active[slot]
                 done.append(Finished(seq.key, seq.prompt, seq.response, seq.logprobs))
         return done

@@ -56,8 +56,9 @@ class TrainSettings:
 
 
 class Learner:
-    def __init__(self, actor, ref, critic, settings: TrainSettings, reward_fn):
+    def __init__(self, actor, ref, critic, settings: TrainSettings, reward_fn, decode=None):
         self.actor, self.ref, self.critic, self.s, self.reward_fn = actor, ref, critic, settings, reward_fn
+        self.decode = decode or _decode  # response ids -> the text rewards read (the model's tokenizer)
         self.optimizer = torch.optim.AdamW(actor.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
         self.critic_optimizer = None if critic is None else torch.optim.AdamW(critic.parameters(),
                                                                               lr=settings.critic_lr)
@@ -67,7 +68,7 @@ class Learner:
     # ---- forward stages ----
     def reward(self, rollouts: list[Rollout]) -> None:
         for r in rollouts:
-            text = r.text if r.text is not None else _decode(r.response)
+            text = r.text if r.text is not None else self.decode(r.response)
             r.task_reward = r.reward = self.reward_fn(r.prompt_text, text, r.answer, r.metadata)
             if self.shaped:
                 r.reward += overlong_penalty(model_tokens(r), self.s.max_tokens, self.s.overlong)

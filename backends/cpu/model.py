@@ -1,6 +1,8 @@
 """A Qwen-style decoder at tiny sizes: RMSNorm, rotary embeddings, grouped-query attention,
-SwiGLU. Deterministic initialisation from a seed. One forward serves training (a causal mask over
-whole sequences) and generation (a KV cache with one slot per sequence)."""
+SwiGLU; with q/k/v biases (Qwen2) and per-head q/k norms (Qwen3) it is also the Qwen2, Qwen3 and
+Llama decoder of Hugging Face checkpoints (hf_weights.py). Deterministic initialisation from a
+seed. One forward serves training (a causal mask over whole sequences) and generation (a KV cache
+with one slot per sequence)."""
 from __future__ import annotations
 
 import torch
@@ -27,12 +29,28 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class KVCache:
-    """Keys and values per layer in fixed slots: [slots, kv_heads, max_seq, head_dim]."""
+    """Keys and values per layer in fixed slots: [slots, kv_heads, length, head_dim]. The length
+    starts at min(max_seq, `reserve`) and doubles as positions need it, up to max_seq: a checkpoint
+    whose max_seq is 32k does not hold 32k positions per slot for short sequences."""
 
-    def __init__(self, arch: ModelArch, slots: int, max_seq: int, dtype=torch.float32):
-        shape = (slots, arch.kv_heads, max_seq, arch.head_dim)
+    def __init__(self, arch: ModelArch, slots: int, max_seq: int, dtype=torch.float32, reserve: int = 1024):
+        shape = (slots, arch.kv_heads, min(max_seq, reserve), arch.head_dim)
+        self.max_seq = max_seq
         self.k = [torch.zeros(shape, dtype=dtype) for _ in range(arch.layers)]
         self.v = [torch.zeros(shape, dtype=dtype) for _ in range(arch.layers)]
+
+    def hold(self, length: int) -> None:
+        """Make room for positions 0..length-1."""
+        have = self.k[0].shape[2]
+        if length <= have:
+            return
+        grown = min(self.max_seq, max(length, 2 * have))
+        self.k = [_grow(t, grown) for t in self.k]
+        self.v = [_grow(t, grown) for t in self.v]
+
+
+def _grow(t: torch.Tensor, length: int) -> torch.Tensor:
+    return torch.cat([t, t.new_zeros(t.shape[0], t.shape[1], length - t.shape[2], t.shape[3])], dim=2)
 
 
 class Attention(nn.Module):
@@ -43,13 +61,18 @@ class Attention(nn.Module):
         self.k = nn.Linear(arch.hidden, arch.kv_heads * arch.head_dim, bias=arch.qkv_bias)
         self.v = nn.Linear(arch.hidden, arch.kv_heads * arch.head_dim, bias=arch.qkv_bias)
         self.o = nn.Linear(arch.heads * arch.head_dim, arch.hidden, bias=False)
+        self.qk_norm = arch.qk_norm
+        if arch.qk_norm:  # Qwen3: RMSNorm over each head's query and key, before the rotation
+            self.q_norm, self.k_norm = RMSNorm(arch.head_dim, arch.norm_eps), RMSNorm(arch.head_dim, arch.norm_eps)
 
     def forward(self, x, cos, sin, mask, cache=None, layer=0, slots=None, positions=None):
         b, t, _ = x.shape
-        q = self.q(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q(x).view(b, t, self.heads, self.head_dim)
+        k = self.k(x).view(b, t, self.kv_heads, self.head_dim)
         v = self.v(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
         if cache is not None:  # write this step's keys at their positions, then attend to the slot
             rows = slots[:, None].expand(b, t)
             cache.k[layer][rows, :, positions] = k.transpose(1, 2)
@@ -76,8 +99,8 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, arch: ModelArch):
         super().__init__()
-        self.attn_norm, self.attn = RMSNorm(arch.hidden), Attention(arch)
-        self.mlp_norm, self.mlp = RMSNorm(arch.hidden), MLP(arch)
+        self.attn_norm, self.attn = RMSNorm(arch.hidden, arch.norm_eps), Attention(arch)
+        self.mlp_norm, self.mlp = RMSNorm(arch.hidden, arch.norm_eps), MLP(arch)
 
     def forward(self, x, cos, sin, mask, **cache_args):
         x = x + self.attn(self.attn_norm(x), cos, sin, mask, **cache_args)
@@ -96,13 +119,13 @@ class TinyQwen(nn.Module):
             torch.manual_seed(seed)
             self.embed = nn.Embedding(arch.vocab, arch.hidden)
             self.blocks = nn.ModuleList(Block(arch) for _ in range(arch.layers))
-            self.norm = RMSNorm(arch.hidden)
+            self.norm = RMSNorm(arch.hidden, arch.norm_eps)
             self.head = None if arch.tied else nn.Linear(arch.hidden, arch.vocab, bias=False)
             self.value = nn.Linear(arch.hidden, 1) if value_head else None
             for p in self.parameters():
                 if p.dim() > 1:
                     nn.init.normal_(p, std=0.02)
-        inv = 1.0 / (10000 ** (torch.arange(0, arch.head_dim, 2).float() / arch.head_dim))
+        inv = 1.0 / (arch.rope_theta ** (torch.arange(0, arch.head_dim, 2).float() / arch.head_dim))
         angles = torch.outer(torch.arange(arch.max_seq).float(), inv)
         self.register_buffer("cos", torch.cat((angles, angles), -1).cos(), persistent=False)
         self.register_buffer("sin", torch.cat((angles, angles), -1).sin(), persistent=False)
@@ -110,6 +133,8 @@ class TinyQwen(nn.Module):
     def hidden_states(self, tokens, positions, mask, cache=None, slots=None):
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
         x = self.embed(tokens)
+        if cache is not None:
+            cache.hold(int(positions.max()) + 1)
         for layer, block in enumerate(self.blocks):
             args = {} if cache is None else dict(cache=cache, layer=layer, slots=slots, positions=positions)
             x = block(x, cos, sin, mask, **args)

@@ -29,3 +29,24 @@ def decode(ids) -> str:
         if i >= 3 and i - 3 < len(SYMBOLS):
             out.append(SYMBOLS[i - 3])
     return "".join(out)
+
+
+class CharTokenizer:
+    """The character tokenizer behind the interface that a checkpoint's tokenizer also has
+    (hf_tokenizer.py): what data, generation, rewards and the warm start use."""
+
+    eos = EOS  # what a supervised example ends with
+    eos_ids = frozenset({EOS})  # what ends a generated response
+    chat_template = None
+
+    def encode(self, text: str) -> list[int]:
+        return encode(text)
+
+    def decode(self, ids) -> str:
+        return decode(ids)
+
+    def prompt_ids(self, text: str) -> list[int]:
+        return [BOS] + encode(text)
+
+
+CHARS = CharTokenizer()

@@ -22,7 +22,8 @@ from aspc.roles import ExecutorsFactory
 from aspc.drivers.local.scoring import GuardedJudge
 from aspc.drivers.local.threads import threads_per_worker
 from aspc.drivers.local.virtual_time import RealTime
-from aspc.drivers.local.workers import ExecutorWorker, GenerationWorker, ToolWorker, WorkerFailed, trainer_runners
+from aspc.drivers.local.workers import (ExecutorWorker, GenerationWorker, InstanceLost, ToolWorker, WorkerFailed,
+                                        trainer_runners)
 
 SCORERS = ("forward_model", "judge")  # executor roles that score units on their own model
 
@@ -39,6 +40,7 @@ class RunOptions:
     checkpoint_every: int = 10
     resume: bool = False
     threads: int | None = None  # torch threads per worker; None: a share of the cores (threads.py)
+    workers: str = "threads"  # "processes": generation instances and the learner in processes (processes.py)
 
 
 @dataclass
@@ -55,7 +57,7 @@ class LocalRuntime:
         """`executors`: the backend's factory (the CPU backend's CpuExecutors); building it reads
         the data file, so a user's data error is raised here. `clock`: RealTime (the default) or
         a VirtualTime that the executors also sleep on."""
-        self.plan, self.options = plan, options
+        self.plan, self.options, self.base_dir = plan, options, base_dir
         every = options.checkpoint_every if options.checkpoint_dir is not None else 0
         self.config = ControllerConfig.from_plan(plan, options.steps, every)
         self.gen_stage, self.train_stage = plan.stages_of("generate")[0], plan.stages_of("train")[0]
@@ -103,11 +105,56 @@ class LocalRuntime:
                                                      self.events, self.clock, self.calls))
         self.tool_workers = [ToolWorker(k, self.executors.tools(), self.calls, self.tool_results, self.lock,
                                         self.events, self.clock) for k in range(self.config.tool_workers)]
+        if self.options.workers == "processes":
+            self._start_processes()
         self.slots = self.gen_workers[0].generator.slots
         self.controller = Controller(self.config, lambda step, p: len(self._prompt(step, p).ids),
                                      self.start_version)
         self.metrics_file = MetricsFile(self.options.metrics_path, self.start_version if resume_from else None)
         self.notes = [note for note in [self.metrics_file.open()] if note]  # built: now the file may change
+
+    def _start_processes(self) -> None:
+        """Move each generation engine and the learner into a process of its own (processes.py);
+        the worker threads drive them from here."""
+        from aspc.drivers.local.processes import ProcessEngine, ProcessLearner
+
+        if self.clock.virtual:
+            raise ValueError("process workers run on the wall clock; virtual time needs threads")
+        search = [str(Path(self.base_dir).resolve())] if self.base_dir is not None else []
+        for worker in self.gen_workers:
+            worker.generator = ProcessEngine(worker.name, worker.generator, self.threads,
+                                             self.executors.set_threads, search)
+        self.learner_worker.learner = ProcessLearner(self.learner, self.threads, self.executors.set_threads, search)
+        for proxy in [w.generator for w in self.gen_workers] + [self.learner_worker.learner]:
+            proxy.child.ready()  # they start side by side; the run's clock starts once all are up
+
+    def _close_processes(self) -> None:
+        """The run is over: the learner's final state back into this process's objects (for
+        held-out evaluation and a last checkpoint), then every worker process ends."""
+        from aspc.drivers.local.processes import ProcessEngine, ProcessLearner, WorkerProcessFailed
+
+        learner = getattr(getattr(self, "learner_worker", None), "learner", None)
+        if isinstance(learner, ProcessLearner):
+            try:
+                self._adopt_parts(*learner.parts())
+            except (InstanceLost, WorkerProcessFailed):
+                pass  # it died: this process keeps the state it had (the checkpoint on disk is intact)
+            self.learner_worker.learner = self.learner
+        proxies = [w.generator for w in getattr(self, "gen_workers", []) if isinstance(w.generator, ProcessEngine)]
+        children = [p.child for p in proxies] + ([learner.child] if isinstance(learner, ProcessLearner) else [])
+        for child in children:  # all asked first: they end side by side
+            child.stop()
+        for child in children:
+            child.join()
+
+    def _adopt_parts(self, models: dict, optimizers: dict) -> None:
+        mine, my_optimizers = self.executors.parts(self.learner)
+        for name, model in mine.items():
+            if model is not None:
+                model.load_state_dict(models[name].state_dict())
+        for name, optimizer in my_optimizers.items():
+            if optimizer is not None:
+                optimizer.load_state_dict(optimizers[name].state_dict())
 
     def _executor_worker(self, spec) -> ExecutorWorker:
         """The thread of one learner-side executor: the trainer's (named "learner") or a forward
@@ -178,6 +225,9 @@ class LocalRuntime:
                         f"group={d.group}"}
 
     def _parts(self):
+        learner = self.learner_worker.learner if hasattr(self, "learner_worker") else self.learner
+        if hasattr(learner, "child"):  # a process worker's: its state is there
+            return learner.parts()
         return self.executors.parts(self.learner)
 
     def _save(self, version: int) -> None:
@@ -243,7 +293,7 @@ class LocalRuntime:
             self._stop(drain=True)  # the learner writes the final checkpoint first
         finally:
             self._stop()
-        result.wall_s = self.clock()
+        result.wall_s = getattr(self, "stopped_at", None) or self.clock()
         result.spans = self.spans()
         return result
 
@@ -286,7 +336,7 @@ class LocalRuntime:
                 payload = [(r.sample, self._prompt(*r.sample[:2]).ids, self._seed(r.sample)) for r in action.requests]
                 self.gen_workers[action.instance].inbox.put(("requests", payload))
             case RunWork() if action.executor is None:  # a rule or python reward: here, at once
-                self.learner_worker.learner.reward(self._rollouts(sorted(action.work.samples)))
+                self._host_learner().reward(self._rollouts(sorted(action.work.samples)))
                 self.internal.append(WorkFinished(action.work.id))
             case RunWork():
                 self.exec_workers[action.executor].inbox.put(("work", action.work))
@@ -317,6 +367,12 @@ class LocalRuntime:
             case _:
                 assert_never(action)
 
+    def _host_learner(self):
+        """Who computes rule and python rewards: the trainer, or with process workers this
+        process's copy of it (a reward reads no weights; the trainer's process stays busy training)."""
+        learner = self.learner_worker.learner
+        return self.learner if hasattr(learner, "child") else learner
+
     def _seed(self, sample) -> int:
         return zlib.crc32(repr((self.data.seed, self.options.seed, sample)).encode())
 
@@ -345,6 +401,8 @@ class LocalRuntime:
         for worker in workers:
             if worker.is_alive():
                 worker.join(timeout=120 if worker is self.learner_worker else 10)
+        self.stopped_at = self.clock()  # the run's end: tearing the processes down is not part of it
+        self._close_processes()
         close = getattr(self.executors, "close", None)  # e.g. a run's tool processes
         if close is not None:
             close()

@@ -4,6 +4,8 @@ store. A generation actor that dies is detected, its work re-queued by the contr
 actor restarted; one that keeps dying ends the run with a clear message."""
 from __future__ import annotations
 
+import dataclasses
+
 import copy
 
 from aspc.ir.facts import hardware_table
@@ -138,6 +140,7 @@ class RemoteLearner:
 
 class RayRuntime(LocalRuntime):
     def __init__(self, plan, base_dir, options, executors, address: str | None = None):
+        options = dataclasses.replace(options, workers="threads")  # its actors are the processes
         super().__init__(plan, base_dir, options, executors)
         self.ray = start_ray(address)
         self.restarts: dict[int, int] = {}

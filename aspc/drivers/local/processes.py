@@ -1,0 +1,236 @@
+"""Process workers for the local runtime (`aspc run --workers processes`): each generation
+instance and the learner compute in a process of their own, so they overlap on separate cores
+instead of contending for one interpreter's lock.
+
+The worker threads of workers.py stay in the main process, with the controller: each drives its
+process through a proxy with the role's interface (`ProcessEngine` for a generation engine,
+`ProcessLearner` for the trainer), one request and one reply at a time over a pipe. Tensors in
+requests and replies (published weights, rollouts) are pickled through the pipe like the rest
+(`_send`: faster than torch's shared-memory reductions at these sizes). The main process keeps every
+rollout (a learner pass sends them and copies back the fields it set), so checkpoints, metrics and
+held-out evaluation read the same objects as with threads.
+
+A child ignores SIGINT (the main process handles Ctrl-C and still reads the learner's state for
+its checkpoint) and exits when its pipe closes, so a killed main process leaves no orphans.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+import signal
+import sys
+import threading
+import traceback
+
+from aspc.drivers.local.workers import InstanceLost
+
+START = "spawn"  # fork after torch has started its thread pools can deadlock the child
+
+
+class WorkerProcessFailed(Exception):
+    """A worker process raised or died; the message names it and says why."""
+
+
+def _serve(conn, threads: int, set_threads, search_path: list[str]) -> None:
+    """A child's loop: its server object first (user modules, e.g. a python reward, import from
+    `search_path` as in the main process), then (method, args) in, ("ok", value) or ("error",
+    text) out, until the pipe closes. A child never prints a traceback of its own: an error goes
+    back as a reply, and a closed pipe (the main process ended or was killed) ends it quietly."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked since its start (ChildProcess)
+    set_threads(threads)
+    sys.path[:0] = search_path
+    try:
+        _loop(conn, _receive(conn))
+    except (EOFError, OSError):
+        return
+
+
+def _loop(conn, server) -> None:
+    while True:
+        method, args = _receive(conn)
+        if method == "stop":  # no reply: the main process may already have closed its end
+            return
+        if method == "ready":
+            _send(conn, ("ok", None))
+            continue
+        try:
+            reply = ("ok", getattr(server, method)(*args))
+        except Exception as error:  # reported to the proxy, which raises it in the main process
+            frame = traceback.extract_tb(error.__traceback__)[-1]
+            reply = ("error", f"{type(error).__name__}: {error} (at {frame.filename}:{frame.lineno})")
+        _send(conn, reply)
+
+
+def _send(conn, obj) -> None:
+    """Plain pickles: a tensor's bytes go through the pipe. torch's shared-memory reductions (the
+    default of multiprocessing connections) open a segment per tensor and took 13 ms to hand a
+    tiny model's weights over, against well under 1 ms this way."""
+    conn.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _receive(conn):
+    return pickle.loads(conn.recv_bytes())
+
+
+class ChildProcess:
+    def __init__(self, name: str, server, threads: int, set_threads, search_path: list[str]):
+        context = multiprocessing.get_context(START)
+        self.name = name
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_serve, args=(child, threads, set_threads, search_path), name=name,
+                                       daemon=True)
+        # The child starts with SIGINT blocked (a signal mask survives exec): a Ctrl-C that lands
+        # while it imports torch must not kill it with a traceback before it ignores SIGINT.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            self.process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        child.close()
+        _send(self.conn, server)
+        self.lock = threading.Lock()  # one request at a time, whichever thread asks
+
+    def call(self, method: str, *args):
+        try:
+            with self.lock:
+                _send(self.conn, (method, args))
+                kind, value = _receive(self.conn)
+        except (EOFError, OSError):
+            raise InstanceLost(f"{self.name} died (exit code {self.process.exitcode})") from None
+        if kind == "error":
+            raise WorkerProcessFailed(f"{self.name}: {value}")
+        return value
+
+    def ready(self) -> None:
+        """Wait until the process has started and holds its engine (build time, not the run's)."""
+        self.call("ready")
+
+    def stop(self) -> None:
+        """Ask the process to end (it ends at once when its pipe closes too); `join` waits for it."""
+        try:
+            with self.lock:
+                _send(self.conn, ("stop", ()))
+        except OSError:
+            pass
+        self.conn.close()
+
+    def join(self) -> None:
+        self.process.join(timeout=10)
+        if self.process.is_alive():
+            self.process.kill()
+
+
+# ---- generation ----
+class _EngineServer:
+    """In the child: the backend's generation engine, plus what its proxy needs to know after each call."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def call(self, adds: list, method: str, args: tuple):
+        for key, ids, seed in adds:
+            self.engine.add(key, ids, seed)
+        if method == "step" and not self.engine.busy:
+            result = []
+        else:
+            result = getattr(self.engine, method)(*args)
+        calls = self.engine.pop_calls() if hasattr(self.engine, "pop_calls") else []
+        return result, calls, self.engine.busy, len(getattr(self.engine, "held", ()))
+
+
+class ProcessEngine:
+    """A generation engine (and an episode engine, aspc/roles.py) in its own process. Requests
+    added between two steps go with the next call."""
+
+    def __init__(self, name: str, engine, threads: int, set_threads, search_path: list[str]):
+        self.slots = engine.slots
+        self.child = ChildProcess(name, _EngineServer(engine), threads, set_threads, search_path)
+        self.buffer: list = []
+        self._busy, self.held, self._calls = False, 0, []
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.buffer) or self._busy
+
+    def add(self, key, ids, seed) -> None:
+        self.buffer.append((key, ids, seed))
+
+    def _call(self, method: str, *args):
+        adds, self.buffer = self.buffer, []
+        result, calls, self._busy, self.held = self.child.call("call", adds, method, args)
+        self._calls += calls
+        return result
+
+    def step(self) -> list:
+        return self._call("step")
+
+    def load_weights(self, state) -> None:
+        self._call("load_weights", state)
+
+    def pop_calls(self) -> list:
+        calls, self._calls = self._calls, []
+        return calls
+
+    def resume(self, key, result) -> list:
+        return self._call("resume", key, result)
+
+    def detach(self, key):
+        return self._call("detach", key)
+
+    def adopt(self, state, result) -> list:
+        return self._call("adopt", state, result)
+
+
+
+# ---- the learner ----
+class _LearnerServer:
+    def __init__(self, learner):
+        self.learner = learner
+
+    def run(self, method: str, rollouts: list) -> list[dict]:
+        """Per rollout, the fields the pass set (others may change in the main process meanwhile:
+        a reward computed there while a reference pass runs here must not be overwritten)."""
+        before = [dict(r.__dict__) for r in rollouts]
+        getattr(self.learner, method)(rollouts)
+        return [{k: v for k, v in r.__dict__.items() if k not in old or v is not old[k]}
+                for r, old in zip(rollouts, before)]
+
+    def optimizer_step(self) -> dict:
+        return self.learner.optimizer_step()
+
+    def snapshot(self) -> dict:
+        return self.learner.snapshot()
+
+    def parts(self) -> tuple[dict, dict]:
+        l = self.learner
+        return ({"actor": l.actor, "reference": l.ref, "critic": l.critic},
+                {"actor": l.optimizer, "critic": l.critic_optimizer})
+
+
+class ProcessLearner:
+    """The trainer in its own process. A pass (reward, reference, values, train) sends the
+    unit's rollouts and copies what it computed back into the main process's objects."""
+
+    PASSES = ("reward", "reference", "values", "train")
+
+    def __init__(self, learner, threads: int, set_threads, search_path: list[str]):
+        self.child = ChildProcess("learner", _LearnerServer(learner), threads, set_threads, search_path)
+
+    def __getattr__(self, method):
+        if method in self.PASSES:
+            return lambda rollouts: self._pass(method, rollouts)
+        raise AttributeError(method)
+
+    def _pass(self, method: str, rollouts: list) -> None:
+        for mine, computed in zip(rollouts, self.child.call("run", method, rollouts)):
+            mine.__dict__.update(computed)
+
+    def optimizer_step(self) -> dict:
+        return self.child.call("optimizer_step")
+
+    def snapshot(self) -> dict:
+        return self.child.call("snapshot")
+
+    def parts(self) -> tuple[dict, dict]:
+        return self.child.call("parts")

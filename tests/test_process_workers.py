@@ -1,0 +1,49 @@
+"""Process workers (aspc/drivers/local/processes.py): the same run as with threads, and a worker
+process that dies ends the run with a message naming it."""
+import os
+import signal
+
+import pytest
+
+from aspc.backends.cpu.executors import CpuExecutors
+from aspc.drivers.local.runtime import LocalRuntime, RunOptions
+from aspc.drivers.local.workers import WorkerFailed
+from aspc.plan.toolchain import compile_with_passes
+from conftest import ROOT
+
+
+def runtime(workers: str, steps: int = 3, pipeline: str = "tiny_grpo") -> LocalRuntime:
+    path = ROOT / "pipelines" / f"{pipeline}.aspl"
+    plan = compile_with_passes(path, [], "sync").plan()
+    run = LocalRuntime(plan, path.parent, RunOptions(steps=steps, warmstart_steps=20, workers=workers), CpuExecutors)
+    run.build()
+    return run
+
+
+def test_processes_train_exactly_as_threads():
+    """Under sync (no timing in the schedule's choices) the two kinds of workers generate the same
+    samples, score them alike and make the same updates; the trained weights come back."""
+    rows = {}
+    for workers in ("threads", "processes"):
+        run = runtime(workers)
+        rows[workers] = run.run().metrics
+        rows[workers + " weights"] = {k: v.clone() for k, v in run.executors.actor.state_dict().items()}
+    for a, b in zip(rows["threads"], rows["processes"]):
+        assert a["trained"] == b["trained"] and a["reward"] == b["reward"]
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+    for name, tensor in rows["threads weights"].items():
+        assert (tensor - rows["processes weights"][name]).abs().max() < 1e-4, name
+
+
+def test_a_killed_generation_process_ends_the_run_naming_the_instance():
+    run = runtime("processes")
+    os.kill(run.gen_workers[0].generator.child.process.pid, signal.SIGKILL)
+    with pytest.raises(WorkerFailed, match="generation instance 0 failed"):
+        run.run()
+
+
+def test_a_killed_learner_process_ends_the_run_naming_it():
+    run = runtime("processes", steps=50)
+    os.kill(run.learner_worker.learner.child.process.pid, signal.SIGKILL)
+    with pytest.raises(WorkerFailed, match="learner.*died"):
+        run.run()
