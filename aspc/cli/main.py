@@ -188,7 +188,7 @@ def simulate(file, compare, steps, trace_path, plot_path, overrides, schedule, p
 @click.argument("file", type=_SOURCE)
 @click.option("--backend", type=click.Choice(["cpu", "ascend"]), default="cpu", show_default=True)
 @click.option("--runtime", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-              help="local: threads on this machine; ray: Ray actors (a local Ray, or --address).")
+              help="local: workers on this machine (see --workers); ray: Ray actors (a local Ray, or --address).")
 @click.option("--address", help="With --runtime ray: the Ray cluster to join (default: start a local one).")
 @click.option("--steps", type=click.IntRange(1, 1_000_000), default=100, show_default=True,
               help="RL training steps (optimizer updates).")
@@ -215,7 +215,7 @@ def simulate(file, compare, steps, trace_path, plot_path, overrides, schedule, p
 @_pass_options
 def run(file, backend, runtime, address, steps, warmstart_steps, seed, metrics_path, trace_path, checkpoint_dir,
         checkpoint_every, resume, threads, workers, dry_run, overrides, schedule, pipeline) -> None:
-    """Train FILE for real: the CPU backend on this machine's threads (or, with --backend ascend
+    """Train FILE for real: the CPU backend on this machine's cores (or, with --backend ascend
     --dry-run, print the NPU cluster's launch commands). Exit 0 when done, 1 on an error, 130 on Ctrl-C."""
     from aspc.cli.run import RunRequest, run_training
 

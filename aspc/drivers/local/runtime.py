@@ -131,21 +131,28 @@ class LocalRuntime:
     def _close_processes(self) -> None:
         """The run is over: the learner's final state back into this process's objects (for
         held-out evaluation and a last checkpoint), then every worker process ends."""
-        from aspc.drivers.local.processes import ProcessEngine, ProcessLearner, WorkerProcessFailed
+        from aspc.drivers.local.processes import ProcessEngine, WorkerProcessFailed
 
-        learner = getattr(getattr(self, "learner_worker", None), "learner", None)
-        if isinstance(learner, ProcessLearner):
+        learner = self._learner_process()
+        if learner is not None:
             try:
                 self._adopt_parts(*learner.parts())
             except (InstanceLost, WorkerProcessFailed):
                 pass  # it died: this process keeps the state it had (the checkpoint on disk is intact)
             self.learner_worker.learner = self.learner
         proxies = [w.generator for w in getattr(self, "gen_workers", []) if isinstance(w.generator, ProcessEngine)]
-        children = [p.child for p in proxies] + ([learner.child] if isinstance(learner, ProcessLearner) else [])
+        children = [p.child for p in proxies] + ([learner.child] if learner is not None else [])
         for child in children:  # all asked first: they end side by side
             child.stop()
         for child in children:
             child.join()
+
+    def _learner_process(self):
+        """The learner's process worker (its ProcessLearner), or None: threads, Ray, or not built."""
+        from aspc.drivers.local.processes import ProcessLearner
+
+        learner = getattr(getattr(self, "learner_worker", None), "learner", None)
+        return learner if isinstance(learner, ProcessLearner) else None
 
     def _adopt_parts(self, models: dict, optimizers: dict) -> None:
         mine, my_optimizers = self.executors.parts(self.learner)
@@ -225,9 +232,9 @@ class LocalRuntime:
                         f"group={d.group}"}
 
     def _parts(self):
-        learner = self.learner_worker.learner if hasattr(self, "learner_worker") else self.learner
-        if hasattr(learner, "child"):  # a process worker's: its state is there
-            return learner.parts()
+        process = self._learner_process()
+        if process is not None:  # the learner's state is in its process
+            return process.parts()
         return self.executors.parts(self.learner)
 
     def _save(self, version: int) -> None:
@@ -370,8 +377,7 @@ class LocalRuntime:
     def _host_learner(self):
         """Who computes rule and python rewards: the trainer, or with process workers this
         process's copy of it (a reward reads no weights; the trainer's process stays busy training)."""
-        learner = self.learner_worker.learner
-        return self.learner if hasattr(learner, "child") else learner
+        return self.learner if self._learner_process() is not None else self.learner_worker.learner
 
     def _seed(self, sample) -> int:
         return zlib.crc32(repr((self.data.seed, self.options.seed, sample)).encode())
