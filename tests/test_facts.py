@@ -21,7 +21,7 @@ def test_presets_match_published_parameter_counts(name, total, active, kv_kib):
 
 def test_hardware_table_has_every_pool_kind_with_sources():
     table = hardware_table()
-    assert set(table) == {"910b1", "910b2", "910b3", "910b4", "h100", "h200", "cpu"}
+    assert set(table) == {"910b1", "910b2", "910b3", "910b4", "910c", "h100", "h200", "cpu"}
     assert table["910b3"].peak_bf16_tflops == pytest.approx(294.9)
     assert table["910b3"].hbm_gib == 64
 

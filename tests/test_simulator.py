@@ -174,7 +174,7 @@ def test_the_verdict_decode_makes_a_judge_dearer_than_a_reward_model(tmp_path, m
 
     rm, judge = seconds("rm"), seconds("judge")
     assert judge.seconds > rm.seconds
-    assert judge.useful + judge.padding == pytest.approx(judge.seconds * 4)  # one tp=4 instance
+    assert judge.useful + judge.padding + judge.tail == pytest.approx(judge.seconds * 4)  # one tp=4 instance
     rm_sim, judge_sim = (simulate(plans[n], 2, RooflinePricing(plans[n])) for n in ("rm", "judge"))
     busy = {name: sum(s.end - s.start for s in r.spans if s.track.startswith("judges"))
             for name, r in (("rm", rm_sim), ("judge", judge_sim))}

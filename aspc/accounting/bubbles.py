@@ -5,8 +5,9 @@ Every device-second is one of CATEGORIES; see DESIGN.md for what each means.
 """
 from __future__ import annotations
 
+# tail: a generation instance decoding below its saturated batch (a few long-tail sequences left);
 # tool_wait: a generation instance holds live episodes and every one of them waits on a tool call
-CATEGORIES = ("useful", "padding", "skewness", "sorting", "sync", "idle", "tool_wait")
+CATEGORIES = ("useful", "padding", "tail", "skewness", "sorting", "sync", "idle", "tool_wait")
 
 
 def merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -16,7 +17,7 @@ from aspc.cli.inspect import inspect_report, write_schedule_graph
 from aspc.passes.schedules import SCHEDULES
 from aspc.ir.printer import print_ir
 from aspc.ir.serialize import to_json
-from aspc.plan.toolchain import Compiled, compile_with_passes
+from aspc.plan.toolchain import Compiled, compile_with_passes, run_schedule
 
 EMITTERS = {
     "ast": lambda c: format_program(c.compilation.program),
@@ -141,7 +142,13 @@ def inspect(file, output_dir, overrides, schedule, pipeline) -> None:
 
 @main.command()
 @click.argument("file", type=_SOURCE)
-@click.option("--compare", is_flag=True, help="Simulate sync-naive, sync and asp and print one table.")
+@click.option("--compare", is_flag=True,
+              help="Simulate sync-naive, sync and asp on the file's layout, and sync colocated on all devices "
+                   "(the row sync@colocated: generation and training time-share one pool of every device, as "
+                   "a synchronous framework runs), and print one table.")
+@click.option("--show-baseline", is_flag=True,
+              help="Print the sync@colocated program (.aspl source) that --compare simulates; without "
+                   "--compare, print only that.")
 @click.option("--steps", type=click.IntRange(1, 10_000), default=20, show_default=True,
               help="Training steps to simulate.")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
@@ -149,20 +156,16 @@ def inspect(file, output_dir, overrides, schedule, pipeline) -> None:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
               help="Write a PNG: timeline and bubble breakdown.")
 @_pass_options
-def simulate(file, compare, steps, trace_path, plot_path, overrides, schedule, pipeline) -> None:
+def simulate(file, compare, show_baseline, steps, trace_path, plot_path, overrides, schedule, pipeline) -> None:
     """Predict throughput and the bubble breakdown of FILE on its cluster."""
-    from aspc.drivers.sim.driver import SimulationStalled
-    from aspc.drivers.sim.report import compare_table, summary
-    from aspc.drivers.sim.result import simulate as run_simulation
-    from aspc.controller.config import UnsupportedPlan
-
-    from aspc.cli.backends import simulator_pricing
+    from aspc.drivers.sim.report import baseline_note, compare_table, summary
     from aspc.controller.kinds import refusals
 
     schedules = ["sync-naive", "sync", "asp"] if compare else [schedule]
     if _is_plan_file(file):
-        if compare:
-            raise click.UsageError("--compare compiles the .aspl file three ways; a .json plan is compiled already")
+        if compare or show_baseline:
+            raise click.UsageError("--compare and --show-baseline compile the .aspl file; a .json plan is "
+                                   "compiled already")
         plans, compiled = [_load_plan(file, overrides, schedule, pipeline)], None
     else:
         plans = []
@@ -170,6 +173,29 @@ def simulate(file, compare, steps, trace_path, plot_path, overrides, schedule, p
             compiled = _compile(file, overrides, kind, pipeline, None, False)
             plans.append(_plan(compiled, pipeline))
     _refuse_at_stages(file, overrides, compiled, refusals(plans[0]))
+    baseline = _colocated_baseline(file, overrides, pipeline, compiled) if compare or show_baseline else None
+    if show_baseline:
+        _show_baseline(baseline)
+        if not compare:
+            return
+        click.echo()
+    results = _simulate_plans(file, plans, steps)
+    if compare and baseline.plan is not None:
+        results[-1:-1] = _simulate_baseline(baseline, steps)  # beside sync, before asp
+    click.echo(compare_table(results) if compare else summary(results[0]), nl=False)
+    if compare and baseline.reason:
+        click.echo(baseline_note(baseline.reason))
+    _write_pictures([r for r in results if r.schedule in SCHEDULES], trace_path, plot_path)
+
+
+def _simulate_plans(file, plans, steps: int) -> list:
+    """Each plan on the simulator, with a progress bar; a plan the runtime cannot execute, or a
+    simulation that stalls, is a clear error."""
+    from aspc.cli.backends import simulator_pricing
+    from aspc.controller.config import UnsupportedPlan
+    from aspc.drivers.sim.driver import SimulationStalled
+    from aspc.drivers.sim.result import simulate as run_simulation
+
     results = []
     with _progress(len(plans) * steps) as bar:
         for plan in plans:
@@ -180,8 +206,76 @@ def simulate(file, compare, steps, trace_path, plot_path, overrides, schedule, p
                 raise click.ClickException(f"{file}: cannot simulate: {error}") from None
             except SimulationStalled as error:
                 raise click.ClickException(f"{file}: {error}; please report it with this file") from None
-    click.echo(compare_table(results) if compare else summary(results[0]), nl=False)
-    _write_pictures(results, trace_path, plot_path)
+    return results
+
+
+@dataclass
+class _Baseline:
+    """The sync@colocated baseline of a file: its source and plan, or why it is not available."""
+
+    text: str | None
+    plan: object | None  # ExecutionPlan
+    reason: str = ""  # one line, for the compare table
+    rendered: str = ""  # the located diagnostics, for --show-baseline
+
+
+def _colocated_baseline(file, overrides, pipeline, compiled: Compiled) -> _Baseline:
+    """The file's program colocated on all its devices under schedule sync (aspc/frontend/layouts.py)."""
+    from aspc.frontend.layouts import BASELINE_SOURCE, BaselineUnavailable, compile_baseline
+
+    try:
+        derived = compile_baseline(compiled.compilation, Path(file).parent)
+        text = derived.sources[BASELINE_SOURCE]
+        plan = run_schedule(derived, "sync", pipeline).plan()
+    except BaselineUnavailable as error:
+        sources = {**_sources(file, overrides), **error.sources}
+        return _Baseline(error.sources.get(BASELINE_SOURCE), None, _one_line(error.diagnostics),
+                         render_all(error.diagnostics, sources))
+    except AsplError as error:  # the passes or the plan refuse it (e.g. a -p pipeline that does not fit it)
+        rendered = render_all(error.diagnostics, {"<-p>": pipeline or "", BASELINE_SOURCE: text})
+        return _Baseline(text, None, _one_line(error.diagnostics), rendered)
+    return _Baseline(text, plan)
+
+
+def _one_line(diagnostics) -> str:
+    """The first error after the lead "does not pass the checks" line (if any), with its hint."""
+    errors = [d for d in diagnostics if d.severity == "error"]
+    chosen = errors[1] if len(errors) > 1 else errors[0]
+    return f"{chosen.span}: {chosen.message}" + (f" ({chosen.hint})" if chosen.hint else "")
+
+
+def _show_baseline(baseline: _Baseline) -> None:
+    """The derived program; if it is not available, also its diagnostics and exit 1 (the program
+    is printed when it was derived but failed a check, so that the lines they quote can be read)."""
+    if baseline.text:
+        click.echo(baseline.text, nl=False)
+    if baseline.plan is None:
+        click.echo(baseline.rendered, err=True)
+        sys.exit(1)
+
+
+def _simulate_baseline(baseline: _Baseline, steps: int) -> list:
+    """The baseline's result, named sync@colocated in the table; if the runtime cannot execute
+    its plan, none, and the baseline says why."""
+    from dataclasses import replace
+
+    from aspc.cli.backends import simulator_pricing
+    from aspc.controller.config import UnsupportedPlan
+    from aspc.drivers.sim.driver import SimulationStalled
+    from aspc.drivers.sim.report import COLOCATED_SYNC
+    from aspc.drivers.sim.result import simulate as run_simulation
+
+    with _progress(steps) as bar:
+        bar.set_description(COLOCATED_SYNC)
+        try:
+            result = run_simulation(baseline.plan, steps, simulator_pricing(baseline.plan), _advance(bar))
+        except UnsupportedPlan as error:
+            baseline.reason = f"cannot simulate it: {error}"
+            return []
+        except SimulationStalled as error:
+            raise click.ClickException(f"{COLOCATED_SYNC}: {error}; please report it with this file "
+                                       "(aspc simulate FILE --show-baseline prints the program)") from None
+    return [replace(result, schedule=COLOCATED_SYNC)]
 
 
 @main.command()

@@ -254,12 +254,13 @@ class Controller:
         return len(self.used) - sum(self.learner.grouped.values())
 
     def idle_while_others_queue(self) -> list[tuple[int, int]]:
-        """(idle instance, instance with queued work it could take): empty under queue-aware dispatch."""
+        """(idle instance, instance with queued work it could take): empty under queue-aware dispatch.
+        Idle: nothing queued or in flight (a busy instance steals only what evens the loads out)."""
         pairs = []
         if self.gen.paused:
             return pairs
         for i, inst in enumerate(self.gen.instances):
-            if not inst.live or inst.pending_sync is not None or inst.queue or len(inst.inflight) >= inst.capacity:
+            if not inst.live or inst.pending_sync is not None or inst.queue or inst.inflight:
                 continue
             for j, other in enumerate(self.gen.instances):
                 if j != i and any(self.gen.dispatchable(u, inst) for u in other.queue):

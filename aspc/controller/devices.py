@@ -27,6 +27,11 @@ class Item:
         return PublishWeights(self.step)
 
 
+def _step_of(item: Item) -> int:
+    """The training step an item serves (an optimizer step or publish comes first: submitted first)."""
+    return item.work.step if item.work is not None else -1
+
+
 class DeviceWork:
     def __init__(self, config):
         self.config = config
@@ -46,15 +51,19 @@ class DeviceWork:
         return k == self.trainer if item.what != "work" else item.work.stage in self.hosted[k]
 
     def start(self, may_start) -> list:
-        """Start the first ready item each free executor may run (`may_start(k)`: its devices are
-        its own now, not generation's)."""
+        """Start the ready item of the oldest step each free executor may run, first come first
+        served within a step (`may_start(k)`: its devices are its own now, not generation's). The
+        oldest step's work is the critical path: the next optimizer step waits on it, while a
+        newer step's reference or reward pass can wait (under staleness 2 it became ready first and
+        delayed training)."""
         actions = []
         for k, current in enumerate(self.running):
             if current is not None or not may_start(k):
                 continue
-            position = next((i for i, item in enumerate(self.queue) if self.may_run(item, k)), None)
-            if position is None:
+            ready = [(_step_of(item), i) for i, item in enumerate(self.queue) if self.may_run(item, k)]
+            if not ready:
                 continue
+            position = min(ready)[1]
             item = self.queue[position]
             del self.queue[position]
             self.running[k] = item

@@ -58,6 +58,7 @@ class Generation:
         self.finished_count = 0
         self.finished_turns = 0
         self.released_steps = start_version
+        self.trained = start_version  # optimizer steps done: the next step to train is this one
         self.routed = 0
         self.paused = False  # the time-shared pool belongs to the learner (or is changing hands)
 
@@ -79,6 +80,7 @@ class Generation:
     # -- release under the staleness gate --
     def release(self, version: int) -> None:
         c = self.config
+        self.trained = version
         while self.released_steps < c.steps and self.released_steps - c.staleness <= version:
             step = self.released_steps
             for prompt in range(c.prompts_per_step):
@@ -104,7 +106,21 @@ class Generation:
 
     # -- dispatch --
     def dispatchable(self, unit: list, inst: InstanceState) -> bool:
-        return unit[0][0][0] - self.config.staleness <= inst.loaded
+        step = unit[0][0][0]
+        return step - self.config.staleness <= inst.loaded and not self._behind_its_tail(step, inst)
+
+    def _behind_its_tail(self, step: int, inst: InstanceState) -> bool:
+        """Tail first: an instance still decoding samples of the next step to train takes no work
+        more than one step ahead of it. Those samples are what the learner waits for, and every
+        sequence added to their batch slows each of their decode steps (more KV to read); without
+        this rule a looser staleness bound filled these batches with newer steps and was slower
+        (dapo_32b: 1006 s a step at staleness 2 against 965 at 1; docs/simulator.md). Not on a pool
+        generation time-shares with the learner: nothing trains while it generates, so holding work
+        back only makes the generation phase do less (r1_zero_671b at staleness 2: 389 s a step with
+        the rule, 370 without)."""
+        if self.config.shared_pool is not None or step <= self.trained + 1:
+            return False
+        return any(s[0] <= self.trained for s in inst.inflight)
 
     def dispatch_all(self, only: int | None = None) -> list[Dispatch]:
         """Fill free capacity (of every instance, or of `only`) from the queues."""
@@ -122,8 +138,11 @@ class Generation:
         return actions
 
     def _steal(self, thief: int) -> bool:
-        """Move the newest unit the thief may run from the most loaded queue; False if none.
-        Queues are in step order, so a queue whose head the thief cannot run holds nothing for it."""
+        """Move the newest unit the thief may run from the most loaded queue, if that evens the two
+        instances' predicted work (queued and in flight) out; False if none. Without the balance
+        rule an instance done loading weights emptied the queue of a peer still loading, and the
+        peer then idled while the thief's batch held the whole step (issue 15). Queues are in step
+        order, so a queue whose head the thief cannot run holds nothing for it."""
         inst = self.instances[thief]
         if inst.queue:
             return False
@@ -133,6 +152,9 @@ class Generation:
             return False
         other = self.instances[-max(candidates)[1]]
         index = max(k for k, unit in enumerate(other.queue) if self.dispatchable(unit, inst))
+        work = sum(r[2] for r in other.queue[index])
+        if inst.inflight and inst.load + work > other.load * (1 + 1e-9):  # it would raise the larger of the two
+            return False
         inst.push(other.remove(index))
         return True
 

@@ -17,6 +17,7 @@ class WorkCost:
     useful: float  # device-seconds
     padding: float
     skewness: float
+    tail: float = 0.0  # a judge's verdict decoded below its engine's saturated batch
 
 
 def balance(lengths: list[int], ranks: int) -> list[list[int]]:
@@ -60,12 +61,27 @@ def packed_ranks(stage: StagePlan, lengths: list[int], mean: float) -> list[list
 
 
 def work_cost(stage: StagePlan, cost: LearnerCost, kind: str, ranks: list[list[tuple]]) -> WorkCost:
+    """The work's time is its slowest rank's, pipeline fill and drain included. Skewness: ranks
+    waiting for the slowest, and pipeline stages idle at fill and drain while a peer stage works."""
     run = cost.train if kind == "train" else cost.forward
-    times, useful_times = [], []
+    times, useful_times, fills = [], [], []
     for batches in ranks:
         times.append(sum(run(padded, padded_sq) for padded, _, padded_sq, _ in batches))
         useful_times.append(sum(run(useful, useful_sq) for _, useful, _, useful_sq in batches))
-    longest = max(times, default=0.0)
+        fills.append(pipeline_fill_drain(times[-1], len(batches), stage.parallel.pp))
+    spans = [t + f for t, f in zip(times, fills)]
+    longest = max(spans, default=0.0)
     d = cost.rank_devices
     return WorkCost(longest, sum(useful_times) * d, sum(t - u for t, u in zip(times, useful_times)) * d,
-                    sum(longest - t for t in times) * d)
+                    (sum(longest - s for s in spans) + sum(fills)) * d)
+
+
+def pipeline_fill_drain(busy: float, micro_batches: int, pp: int) -> float:
+    """1F1B pipeline bubble: pp - 1 micro-batch slots of fill and drain around m micro-batches, so
+    busy x (pp - 1) / m extra (Narayanan et al., "Efficient Large-Scale Language Model Training on
+    GPU Clusters Using Megatron-LM", SC'21, section 2.2). The roofline divides the work by all pp
+    stages as if they were always busy; this is the time they are not. Forward-only work (reference,
+    critic) pipelines the same way and pays it too."""
+    if pp == 1 or micro_batches == 0:
+        return 0.0
+    return busy * (pp - 1) / micro_batches

@@ -1,11 +1,13 @@
 """The roofline cost model (shared/FACTS.md, "Cost model"): every time the simulator charges.
 
 Decode is memory-bound (weights plus KV reads per step), prefill and training compute-bound,
-transfers bandwidth-bound. Parameters come from aspc/data/{hardware,models,costmodel}.toml.
+collectives and weight transfers a latency plus bytes over the link they cross. Parameters come
+from aspc/data/{hardware,models,costmodel}.toml.
 """
 from __future__ import annotations
 
 import functools
+import math
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
@@ -47,36 +49,63 @@ class GenerationCost:
 
     @functools.cached_property
     def _shape(self) -> tuple[float, float, float, float]:
-        """(dense bytes read per step, all expert bytes, compute seconds per sequence, fixed overhead)."""
+        """(dense bytes read per step, all expert bytes, compute seconds per sequence, launch overhead)."""
         g = parameters()["generation"]
         dense = self.arch.dense_params() / self.par.tp * self.dtype_bytes / (self._bw * self.par.pp)
         experts = self.arch.expert_params() / self.par.ep * self.dtype_bytes / (self._bw * self.par.pp)
         compute = 2 * self.arch.active_params() / (self._flops * self.par.tp * self.par.pp)
         launch = g["launch_graph_s"] if self.graph_mode else g["launch_eager_per_layer_s"] * self.arch.layers
-        comm = 2 * self.arch.layers * g["tp_allreduce_latency_s"] if self.par.tp > 1 else 0.0
-        return dense, experts, compute, launch + comm
+        return dense, experts, compute, launch
 
     def beta(self, batch: int) -> float:
-        """Seconds per step besides KV reads: weight reads or compute, launch, TP latency. MoE reads
-        the experts a batch touches: 1 - (1 - k/E)^B of them per layer."""
-        dense, experts, compute, fixed = self._shape
+        """Seconds per step besides KV reads: weight reads or compute, launch, TP and expert
+        collectives. MoE reads the experts a batch touches: 1 - (1 - k/E)^B of them per layer."""
+        dense, experts, compute, launch = self._shape
         touched = 1 - (1 - self.arch.top_k / self.arch.experts) ** max(batch, 1) if self.arch.experts else 0
         per_rank = max(batch / self.par.dp, 1)
-        return max(dense + experts * touched, compute * per_rank) + fixed
+        return max(dense + experts * touched, compute * per_rank) + launch + self.communication(max(batch, 1))
 
     def prefill(self, tokens: int, requests: int = 1) -> float:
         devices = self.par.tp * self.par.pp * self.par.dp
-        return 2 * self.arch.active_params() * tokens / (self._flops * devices)
+        return 2 * self.arch.active_params() * tokens / (self._flops * devices) + self.communication(tokens)
 
-    def capacity(self, tokens_per_sequence: float, usable_bytes: float) -> int:
-        """Concurrent sequences: KV room after the weight shard, capped by max_num_seqs."""
+    def communication(self, tokens: float) -> float:
+        """Collectives of one forward pass of the instance over `tokens` tokens (a decode step's
+        batch, a prefill's prompt tokens), per pipeline stage. Assumption: not overlapped with
+        compute (no micro-batch overlap in the engine)."""
+        return (self.tp_all_reduce(tokens) + self.expert_all_to_all(tokens)) / self.par.pp
+
+    def tp_all_reduce(self, tokens: float) -> float:
+        """Megatron-style TP: two all-reduces per layer (after attention, after the MLP) of a
+        data-parallel rank's activations, tokens/dp x hidden x dtype bytes each."""
+        if self.par.tp == 1:
+            return 0.0
+        nbytes = max(tokens / self.par.dp, 1) * self.arch.hidden * self.dtype_bytes
+        return 2 * self.arch.layers * all_reduce_seconds(nbytes, self.par.tp, self.hw)
+
+    def expert_all_to_all(self, tokens: float) -> float:
+        """Expert parallelism: a dispatch and a combine all-to-all per MoE layer over the EP group,
+        each device sending its tokens' top-k hidden states. Each TP rank dispatches 1/tp of its
+        data-parallel rank's tokens (assumption: tokens split over TP ranks before dispatch)."""
+        if self.par.ep == 1 or not self.arch.experts:
+            return 0.0
+        tokens_per_device = max(tokens / (self.par.dp * self.par.tp), 1)
+        nbytes = tokens_per_device * self.arch.top_k * self.arch.hidden * self.dtype_bytes
+        return 2 * self.arch.moe_layers * all_to_all_seconds(nbytes, self.par.ep, self.hw)
+
+    def capacity(self, tokens_per_sequence: float, memory: float | None = None,
+                 max_num_seqs: int | None = None) -> int:
+        """Concurrent sequences: the KV room of the `memory` share of each device (the stage's
+        gpu_memory_utilization; default [efficiency] memory) after the weight shard, capped by
+        `max_num_seqs` per data-parallel rank as vLLM counts it (default [generation])."""
         g = parameters()["generation"]
+        usable_bytes = self.hw.hbm_gib * GIB * (memory or parameters()["efficiency"]["memory"])
         weights = (self.arch.dense_params() / self.par.tp + self.arch.expert_params() / self.par.ep) \
             * self.dtype_bytes / self.par.pp
         room = usable_bytes * (1 - g["activation_reserve"]) - weights
         per_seq = tokens_per_sequence * self.arch.kv_bytes_per_token(self.dtype_bytes) * self.alpha_split()
         by_memory = int(room / per_seq) * self.par.dp if room > 0 else 1
-        return max(1, min(by_memory, g["max_num_seqs_per_rank"] * self.par.dp))
+        return max(1, min(by_memory, (max_num_seqs or g["max_num_seqs_per_rank"]) * self.par.dp))
 
     def alpha_split(self) -> float:
         split = 1 if self.arch.attention == "mla" else min(self.par.tp, self.arch.kv_heads)
@@ -91,6 +120,7 @@ class LearnerCost:
     hw: Hardware
     par: Parallel
     recompute: bool
+    dtype_bytes: int = DTYPE_BYTES["bf16"]
 
     @property
     def rank_devices(self) -> int:
@@ -100,11 +130,25 @@ class LearnerCost:
         return squares * self.arch.layers * self.arch.heads * self.arch.head_dim
 
     def forward(self, tokens: int, squares: float) -> float:
+        """At the GEMM efficiency eta_f, which holds no communication: plus the TP all-reduces and
+        expert all-to-alls of the pass, as generation's prefill pays them."""
         flops = 2 * self.arch.active_params() * tokens + 4 * self._attention(squares)
         rate = parameters()["efficiency"]["flops"] * self.hw.peak_bf16_tflops * 1e12 * self.rank_devices
-        return flops / rate
+        return flops / rate + self.forward_communication(tokens)
+
+    def forward_communication(self, tokens: int) -> float:
+        """A rank's tokens split over its context-parallel ranks; per pipeline stage."""
+        per_cp = max(tokens / self.par.cp, 1)
+        tp = 2 * self.arch.layers * all_reduce_seconds(per_cp * self.arch.hidden * self.dtype_bytes,
+                                                       self.par.tp, self.hw)
+        dispatched = max(per_cp / self.par.tp, 1) * self.arch.top_k * self.arch.hidden * self.dtype_bytes
+        ep = 2 * self.arch.moe_layers * all_to_all_seconds(dispatched, self.par.ep, self.hw)  # 0 when dense
+        return (tp + ep) / self.par.pp
 
     def train(self, tokens: int, squares: float) -> float:
+        """At the published training MFU, which already holds training's TP/CP/EP collectives (the
+        MFU tables measure whole steps): they are not priced again. Pipeline fill/drain is not in
+        it: learner.work_cost adds it."""
         n = self.arch.active_params()
         flops = (8 if self.recompute else 6) * n * tokens + 12 * self._attention(squares)
         mfu = parameters()["efficiency"]["train_mfu_moe" if self.arch.experts else "train_mfu_dense"]
@@ -117,13 +161,117 @@ class LearnerCost:
         return 2 * 16 * local / bw
 
 
-def weight_sync_seconds(nbytes: float, devices: int) -> float:
-    t = parameters()["transfer"]
-    return t["weight_sync_fixed_s"] + nbytes / (t["weight_sync_gbps"] * 1e9 * max(devices, 1))
+# ---- collectives: a latency plus the bytes one device moves over its group's link ----
+def _collective(nbytes_moved: float, group: int, hw: Hardware) -> float:
+    c = parameters()["communication"]
+    latency = c["link_latency_s"] if hw.group_fits_a_node(group) else c["network_latency_s"]
+    return latency + nbytes_moved / (c["bandwidth_efficiency"] * hw.group_gbps(group) * 1e9)
 
 
-def offload_seconds(nbytes: float, devices: int) -> float:
-    return nbytes / (parameters()["transfer"]["offload_gbps"] * 1e9 * max(devices, 1))
+def all_reduce_seconds(nbytes: float, group: int, hw: Hardware) -> float:
+    """Ring all-reduce of an `nbytes` buffer: each device moves 2(n-1)/n of it."""
+    return _collective(2 * (group - 1) / group * nbytes, group, hw) if group > 1 else 0.0
+
+
+def all_gather_seconds(nbytes: float, group: int, hw: Hardware) -> float:
+    """All-gather of `nbytes` in all: each device receives the (n-1)/n it lacks."""
+    return _collective((group - 1) / group * nbytes, group, hw) if group > 1 else 0.0
+
+
+def all_to_all_seconds(nbytes_per_device: float, group: int, hw: Hardware) -> float:
+    """Each device sends what it holds, keeping the 1/n that is its own."""
+    return _collective((group - 1) / group * nbytes_per_device, group, hw) if group > 1 else 0.0
+
+
+# ---- weight sync (docs/simulator.md, "The cost model"; costmodel.toml [transfer]) ----
+def weight_shard_bytes(arch: ModelArch, par: Parallel, nbytes_per_param: int) -> float:
+    """Weight bytes on one device of a layout: dense weights split by TP, experts by EP, both by PP."""
+    return (arch.dense_params() / par.tp + arch.expert_params() / par.ep) * nbytes_per_param / par.pp
+
+
+def broadcast_seconds(nbytes: float, receivers: int, network_gbps: float) -> float:
+    """One trainer rank broadcasts full tensors in buckets to `receivers` ranks over the network
+    (vllm-ascend vllm_ascend/distributed/weight_transfer/hccl_engine.py, packed_tensor.py): a
+    pipelined tree moves bytes / bandwidth whatever the receiver count, plus a hop latency per
+    tree level per bucket. The bandwidth is the network's share, capped by the measured rate."""
+    t, c = parameters()["transfer"], parameters()["communication"]
+    rate = min(t["weight_sync_gbps"], c["bandwidth_efficiency"] * network_gbps) * 1e9
+    hops = math.ceil(math.log2(max(receivers, 1) + 1))
+    buckets = math.ceil(nbytes / t["broadcast_bucket_bytes"])
+    return nbytes / rate + buckets * hops * c["network_latency_s"]
+
+
+def gather_to_sender_seconds(arch: ModelArch, train: Parallel, hw: Hardware, nbytes_per_param: int) -> float:
+    """The trainer assembles full tensors before its sending rank broadcasts them: each pipeline
+    stage's tensors broadcast to the others, then all-gathered over TP (dense) and EP (experts)
+    (verl verl/utils/megatron_utils.py, per_tensor_generator)."""
+    dense, experts = arch.dense_params() * nbytes_per_param, arch.expert_params() * nbytes_per_param
+    stages = _stage_broadcast_seconds(weight_shard_bytes(arch, train, nbytes_per_param) * train.pp, train, hw)
+    return stages + all_gather_seconds(dense, train.tp, hw) + all_gather_seconds(experts, train.ep, hw)
+
+
+def reshard_seconds(arch: ModelArch, train: Parallel, gen: Parallel, hw: Hardware, nbytes_per_param: int) -> float:
+    """Colocated resharding in place (MindSpeed-RL mindspeed_rl/workers/resharding/
+    vllm_weight_container.py; verl gathers the same way in megatron_utils.per_tensor_generator):
+    each stage's dense weights all-gathered within the training TP group and re-split locally for
+    the generation TP, every stage's generation shard broadcast to the other stages (generation
+    runs without PP), and the experts moved from the training to the generation EP layout."""
+    dense = arch.dense_params() * nbytes_per_param
+    gather = all_gather_seconds(dense / train.pp, train.tp, hw)
+    stages = _stage_broadcast_seconds(weight_shard_bytes(arch, gen, nbytes_per_param), train, hw)
+    return gather + stages + _expert_moves_seconds(arch, train, gen, hw, nbytes_per_param)
+
+
+def _stage_broadcast_seconds(shard_bytes: float, train: Parallel, hw: Hardware) -> float:
+    """Each device receives the (pp-1)/pp of a `shard_bytes` shard that other pipeline stages hold,
+    over the link the training layout spans (pipeline peers are tp x cp x dp ranks apart)."""
+    if train.pp == 1:
+        return 0.0
+    return _collective(shard_bytes * (train.pp - 1) / train.pp, train.devices, hw)
+
+
+def _expert_moves_seconds(arch: ModelArch, train: Parallel, gen: Parallel, hw: Hardware,
+                          nbytes_per_param: int) -> float:
+    """Experts change hands point to point when the EP degree changes; each device receives its
+    generation expert shard of one stage (assumption: none of it is already local)."""
+    if train.ep == gen.ep or not arch.experts:
+        return 0.0
+    shard = arch.expert_params() * nbytes_per_param / (gen.ep * train.pp)
+    return all_to_all_seconds(shard, max(train.ep, gen.ep), hw)
+
+
+def colocated_load_seconds(plan: ExecutionPlan, train: StagePlan, gen: StagePlan) -> float:
+    """A generation instance on the trainer's devices (a time-shared pool): resharding in place,
+    then its engine's own weight shard onloads from host (vLLM sleep / wake_up)."""
+    arch, nbytes = _weights_of(plan, gen)
+    resharding = reshard_seconds(arch, train.parallel, gen.parallel, hardware_of(plan, gen), nbytes)
+    return resharding + offload_seconds(weight_shard_bytes(arch, gen.parallel, nbytes))
+
+
+def broadcast_load_seconds(plan: ExecutionPlan, train: StagePlan, gen: StagePlan) -> float:
+    """A generation instance on its own devices takes part in the trainer's broadcast of the full
+    weights to every generation rank, then reloads its engine (the fixed cost)."""
+    arch, nbytes = _weights_of(plan, gen)
+    receivers = sum(i.device_count for i in gen.instances)
+    network = min(hardware_of(plan, train).network_gbps, hardware_of(plan, gen).network_gbps)
+    fixed = parameters()["transfer"]["weight_sync_fixed_s"]
+    return fixed + broadcast_seconds(arch.total_params() * nbytes, receivers, network)
+
+
+def publish_seconds(plan: ExecutionPlan, train: StagePlan) -> float:
+    """The trainer's side of a disaggregated sync: assembling full tensors on its sending rank."""
+    arch, nbytes = _weights_of(plan, train)
+    return gather_to_sender_seconds(arch, train.parallel, hardware_of(plan, train), nbytes)
+
+
+def _weights_of(plan: ExecutionPlan, stage: StagePlan) -> tuple[ModelArch, int]:
+    model = plan.model(stage.model)
+    return model.arch, DTYPE_BYTES[model.dtype]
+
+
+def offload_seconds(nbytes_per_device: float) -> float:
+    """Host <-> device copy of one device's bytes; every device copies its own at the same time."""
+    return nbytes_per_device / (parameters()["transfer"]["offload_gbps"] * 1e9)
 
 
 def hardware_of(plan: ExecutionPlan, stage: StagePlan) -> Hardware:

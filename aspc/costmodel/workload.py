@@ -1,12 +1,16 @@
 """The workload model: seeded prompt and response lengths for one training step.
 
 Per-prompt lognormal response lengths, correlated within a prompt's group, truncated at the cap
-(the point mass there is the share of responses cut off). Used by the pack pass to choose shape
-buckets and by the simulator; deterministic for a data spec, a step and a seed.
+(the point mass there is the share of responses cut off). A mixture(...) draws each length from one
+of its components, chosen by weight per sample, or once per prompt for its whole group (per =
+"prompt": hard prompts make the whole group long). Used by the pack pass to choose shape buckets
+and by the simulator; deterministic for a data spec, a step and a seed.
 """
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
 import math
 import random
 from dataclasses import dataclass
@@ -48,18 +52,43 @@ def sample_step(data: DataSpec, step: int, seed: int | None = None) -> list[Samp
     for p in range(data.prompts_per_step):
         prompt_len = _draw(prompts, data.max_prompt, rng, rng.gauss(0, 1))
         shared = rng.gauss(0, 1)
+        group_dist = _per_prompt(responses, rng)
         for _ in range(data.group):
-            samples.append(Sample(p, prompt_len, _draw_correlated(responses, data.max_response, rng, shared)))
+            samples.append(Sample(p, prompt_len, _draw_correlated(group_dist, data.max_response, rng, shared)))
     return samples
 
 
+def _per_prompt(dist: Call, rng: random.Random) -> Call:
+    """The distribution a prompt's group draws from: a per-prompt mixture's component, chosen
+    once; anything else unchanged (and no random number taken, so its draws stay as they were)."""
+    if dist.func == "mixture" and dist.get("per") == "prompt":
+        return _component(dist, rng)
+    return dist
+
+
+def _component(dist: Call, rng: random.Random) -> Call:
+    """One component of a mixture, chosen by weight."""
+    components, cumulative = _mixture(dist)
+    index = bisect.bisect_right(cumulative, rng.random() * cumulative[-1])
+    return components[min(index, len(components) - 1)]  # a product rounded up to the total
+
+
+@functools.lru_cache(maxsize=64)
+def _mixture(dist: Call) -> tuple[tuple[Call, ...], tuple[float, ...]]:
+    return dist.get("components"), tuple(itertools.accumulate(dist.get("weights")))
+
+
 def _draw_correlated(dist: Call, cap: int, rng: random.Random, shared: float) -> int:
+    if dist.func == "mixture":
+        dist = _component(dist, rng)
     rho = dist.get("group_corr", 0.0) or 0.0
     z = math.sqrt(rho) * shared + math.sqrt(1 - rho) * rng.gauss(0, 1)
     return _draw(dist, cap, rng, z)
 
 
 def _draw(dist: Call, cap: int, rng: random.Random, z: float) -> int:
+    if dist.func == "mixture":
+        dist = _component(dist, rng)
     p = _params(dist)
     if dist.func == "fixed":
         value = p["length"]
@@ -137,7 +166,11 @@ def draw_episode(env: Environment, data: DataSpec, step: int, prompt: int, index
 
 
 def _draw_seconds(dist: Call, rng: random.Random) -> float:
-    """A duration in seconds: the length distributions without rounding or a cap."""
+    """A duration in seconds: the length distributions without rounding or a cap, or seconds(...)
+    (its mean exactly when it has no spread: no random number is drawn)."""
+    if dist.func == "seconds":
+        mean, sigma = dist.get("mean"), dist.get("sigma") or 0.0
+        return mean if sigma == 0 else math.exp(math.log(mean) - sigma * sigma / 2 + sigma * rng.gauss(0, 1))
     p = _params(dist)
     if dist.func == "fixed":
         return float(p["length"])

@@ -40,8 +40,9 @@ def table(title: str, specs: dict[str, schema.OptionSpec]) -> str:
 def call_table() -> str:
     rows = ["#### Call values", "", "| call | parameters (positional order) | meaning |", "|---|---|---|"]
     for call in schema.CALLS.values():
-        params = ", ".join(f"`{p.name}`" + ("" if p.default is schema.REQUIRED else f"={_default(p).strip('`')}")
-                           for p in call.params)
+        params = ", ".join([f"`{call.rest}`"] * bool(call.rest) + [
+            f"`{p.name}`" + ("" if p.default is schema.REQUIRED else f"={_default(p).strip('`')}")
+            for p in call.params])
         rows.append(f"| `{call.func}` | {params} | {call.doc} |")
     return "\n".join(rows) + "\n"
 

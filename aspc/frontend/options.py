@@ -7,15 +7,16 @@ from typing import Any
 
 from aspc.frontend import ast
 from aspc.frontend.diagnostics import DiagnosticSink, did_you_mean
-from aspc.frontend.schema import CALLS, REQUIRED, OptionSpec
+from aspc.frontend.schema import CALLS, LENGTH_CALLS, REQUIRED, OptionSpec
 from aspc.ir.span import Span
 from aspc.ir.values import Call
 
 INVALID = object()  # a value that failed its check (already reported)
 
 _TYPE_WORDS = {
-    "int": "an integer", "float": "a number", "bool": "true or false", "str": 'a string "..."',
-    "enum": "one of", "ref": "a name", "call": "a call such as", "calls": "a list of calls such as",
+    "int": "an integer", "float": "a number", "floats": "a list of numbers", "bool": "true or false",
+    "str": 'a string "..."', "enum": "one of", "ref": "a name", "call": "a call such as",
+    "calls": "a list of calls such as",
 }
 
 
@@ -110,6 +111,20 @@ def _to_float(value, spec, sink):
     return number
 
 
+def _to_floats(value, spec, sink):
+    """A list of numbers, each checked against the spec's range where it is written."""
+    if not isinstance(value, ast.List) or not value.items:
+        return _WRONG_TYPE
+    numbers = []
+    for item in value.items:
+        number = _to_float(item, spec, sink)
+        if number is _WRONG_TYPE:
+            sink.error(value_span(item), f"option '{spec.name}' is a list of numbers, got {describe(item)}")
+            return INVALID
+        numbers.append(number if number is INVALID else _check_range(number, item, spec, sink))
+    return INVALID if INVALID in numbers else tuple(numbers)
+
+
 def _to_bool(value, spec, sink):
     return value.value if isinstance(value, ast.Bool) else _WRONG_TYPE
 
@@ -151,12 +166,14 @@ def _to_calls(value, spec, sink):
     return INVALID if INVALID in converted else converted
 
 
-_CONVERTERS = {"int": _to_int, "float": _to_float, "bool": _to_bool, "str": _to_str, "ref": _to_ref,
-               "enum": _to_enum, "call": _to_call, "calls": _to_calls}
+_CONVERTERS = {"int": _to_int, "float": _to_float, "floats": _to_floats, "bool": _to_bool, "str": _to_str,
+               "ref": _to_ref, "enum": _to_enum, "call": _to_call, "calls": _to_calls}
 
 
 def read_call(call: ast.Call, sink: DiagnosticSink) -> Any:
     """A call value: positional arguments bound to the parameters in order, kwargs by name."""
+    if call.func == "mixture":
+        return _read_mixture(call, sink)
     spec = CALLS[call.func]
     params = {p.name: p for p in spec.params}
     if len(call.args) > len(spec.params):
@@ -169,6 +186,40 @@ def read_call(call: ast.Call, sink: DiagnosticSink) -> Any:
     if not checked.valid(*params):
         return INVALID
     return Call(call.func, tuple(sorted(checked.values.items())))
+
+
+_MIXTURE_EXAMPLE = "e.g. mixture(lognormal(mean = 1k), fixed(length = 8k), weights = [0.7, 0.3])"
+
+
+def _read_mixture(call: ast.Call, sink: DiagnosticSink) -> Any:
+    """`mixture(DIST, DIST, ..., weights = [...], per = "sample")`: the components are the positional
+    arguments; weights default to equal. The value keeps them as `components`."""
+    params = {p.name: p for p in CALLS["mixture"].params}
+    checked = read_options(call.kwargs, params, "mixture(...)", call.span, sink)
+    components = tuple(_mixture_component(arg, sink) for arg in call.args)
+    if not components:
+        sink.error(call.span, "mixture(...) needs at least one length distribution", _MIXTURE_EXAMPLE)
+        return INVALID
+    if INVALID in components or not checked.valid(*params):
+        return INVALID
+    weights = checked["weights"] or (1.0,) * len(components)
+    if len(weights) != len(components):
+        sink.error(checked.value_spans["weights"], f"mixture(...) has {len(components)} components but "
+                   f"{len(weights)} weights", "give one weight per component, in the same order")
+        return INVALID
+    return Call("mixture", (("components", components), ("per", checked["per"]), ("weights", weights)))
+
+
+def _mixture_component(arg: ast.Value, sink: DiagnosticSink) -> Any:
+    if isinstance(arg, ast.Call) and arg.func == "mixture":
+        sink.error(arg.span, "a mixture inside a mixture is not supported",
+                   "list its components in the outer mixture, their weights multiplied by its weight")
+        return INVALID
+    if isinstance(arg, ast.Call) and arg.func in LENGTH_CALLS:
+        return read_call(arg, sink)
+    sink.error(value_span(arg), "a mixture component is a length distribution (" + ", ".join(LENGTH_CALLS)
+               + f"), not {describe(arg)}", _MIXTURE_EXAMPLE)
+    return INVALID
 
 
 def _check_range(checked: Any, value: ast.Value, spec: OptionSpec, sink: DiagnosticSink) -> Any:

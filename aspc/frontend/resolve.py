@@ -7,6 +7,7 @@ from pathlib import Path
 from aspc.frontend import ast, schema
 from aspc.frontend.diagnostics import DiagnosticSink, Suggestions, did_you_mean
 from aspc.frontend.hf_config import HfConfigError, read_hf_model
+from aspc.frontend.lengths import check_lengths
 from aspc.ir.facts import ModelArch, hardware_table, model_presets
 from aspc.ir.graph import DataSpec, ModelSpec, PoolSpec, ScheduleSpec
 from aspc.frontend.options import INVALID, OptionValues, convert, describe, read_options
@@ -202,7 +203,7 @@ def resolve_data(data: ast.Data, aspl_dir: Path | None, sink: DiagnosticSink) ->
     values = read_options(data.options, specs, f"data '{data.name}'", data.span, sink)
     if location is None or not values.valid(*specs):
         return None
-    _check_lengths(values, sink)
+    check_lengths(data, values, sink)
     if data.source == "jsonl" and aspl_dir is not None and not (aspl_dir / location).exists():
         sink.warning(data.args[0].span, f"data file '{location}' does not exist",
                      "`aspc run` needs it; compile and simulate do not")
@@ -229,18 +230,6 @@ def _data_location(data: ast.Data, sink: DiagnosticSink) -> str | None:
         sink.error(args[0].span, f"unknown synthetic task {describe(args[0])}", hint)
         return None
     return task
-
-
-def _check_lengths(values: OptionValues, sink: DiagnosticSink) -> None:
-    for option, cap_name in (("response_lengths", "max_response"), ("prompt_lengths", "max_prompt")):
-        dist, cap = values[option], values[cap_name]
-        if dist is None:
-            continue
-        low = dist.get("mean") or dist.get("min") or dist.get("length")
-        high = dist.get("max") or low
-        if high > cap or (dist.func == "uniform" and dist.get("min") > dist.get("max")):
-            sink.error(values.value_spans[option],
-                       f"{option} = {dist} does not fit 1 .. {cap_name} = {cap}")
 
 
 def resolve_schedule(decl: ast.Schedule | None, file: str, sink: DiagnosticSink) -> ScheduleSpec | None:

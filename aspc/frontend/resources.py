@@ -6,6 +6,7 @@ import networkx as nx
 from aspc.frontend.diagnostics import DiagnosticSink
 from aspc.ir.graph import Stage, StageGraph, StageKind
 from aspc.ir.memory import USABLE_HBM_FRACTION, MemoryNeed, forward_need, gb, generation_need, training_need
+from aspc.frontend.idle_devices import warn_idle_devices
 from aspc.frontend.overrides import override_span
 
 _DEVICE_OPTIONS = ("tp", "pp", "dp", "cp", "ep")  # the parallel degrees that shape one instance
@@ -22,8 +23,11 @@ def check_resources(graph: StageGraph, sink: DiagnosticSink) -> None:
             continue
         if _layout_ok(graph, stage, sink):
             _fits_memory(graph, stage, sink)
+        _warn_memory_share_on_cpu(graph, stage, sink)
     for stage in graph.stages_of(StageKind.TRAIN):
         _check_micro_tokens(graph, stage, sink)
+    if not sink.errors:
+        warn_idle_devices(graph, sink)
 
 
 def _fits_pool(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> bool:
@@ -66,18 +70,34 @@ def _fits_memory(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> None:
     if need is None:
         return
     hardware = graph.pools[stage.pool].hardware
-    usable = hardware.hbm_bytes * USABLE_HBM_FRACTION
+    fraction = _memory_fraction(stage)
+    usable = hardware.hbm_bytes * fraction
     if need.total <= usable:
         return
     model = graph.models[stage.model]
     p = stage.parallel
-    sink.error(override_span(stage, _DEVICE_OPTIONS) or stage.span,
+    sink.error(_memory_span(stage, need.total <= hardware.hbm_bytes * USABLE_HBM_FRACTION),
                f"{stage.kind.value} of '{stage.model}' ({model.preset}, "
                f"{model.arch.total_params() / 1e9:.1f}B parameters) with tp={p.tp} pp={p.pp} "
                f"ep={p.ep} needs {gb(need.total)} per device ({need.describe()}), but a "
-               f"{hardware.name} has {gb(usable)} usable ({USABLE_HBM_FRACTION:.0%} of "
+               f"{hardware.name} has {gb(usable)} usable ({fraction:.0%} of "
                f"{hardware.hbm_gib:g} GiB)",
                _memory_hint(stage, need.total / usable))
+
+
+def _memory_span(stage: Stage, fits_default_share: bool):
+    """The option a memory error points at: a lowered gpu_memory_utilization when the default
+    share would fit, else an overridden layout option, else the stage."""
+    share = stage.option_span("gpu_memory_utilization")
+    if share is not None and fits_default_share:
+        return share
+    return override_span(stage, (*_DEVICE_OPTIONS, "gpu_memory_utilization")) or stage.span
+
+
+def _memory_fraction(stage: Stage) -> float:
+    """The share of a device's memory the stage may take: a generate stage's
+    gpu_memory_utilization, else the share the cost model also assumes (costmodel.toml)."""
+    return stage.option("gpu_memory_utilization") or USABLE_HBM_FRACTION
 
 
 def _memory_need(graph: StageGraph, stage: Stage) -> MemoryNeed | None:
@@ -99,7 +119,19 @@ def _memory_hint(stage: Stage, ratio: float) -> str:
     while factor < ratio:
         factor *= 2
     target = stage.parallel.tp * factor
-    return f"shard it further, e.g. tp = {target} (or pp/ep), or use devices with more memory"
+    raise_share = ", raise gpu_memory_utilization" if stage.option("gpu_memory_utilization", 1.0) < 1 else ""
+    return f"shard it further, e.g. tp = {target} (or pp/ep){raise_share}, or use devices with more memory"
+
+
+def _warn_memory_share_on_cpu(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> None:
+    """The CPU runtime's KV cache is max_num_seqs (or a share of the step) whole sequences, not a
+    share of memory: gpu_memory_utilization prices a simulation of a CPU pool but runs nothing."""
+    span = stage.option_span("gpu_memory_utilization")
+    if span is None or graph.pools[stage.pool].hardware.name != "cpu":
+        return
+    sink.warning(span, f"stage '{stage.name}': the CPU runtime does not use gpu_memory_utilization (its KV "
+                       "cache holds whole sequences, as many as max_num_seqs); only `aspc simulate` reads it",
+                 "bound the batch with max_num_seqs instead, or remove it")
 
 
 def _check_micro_tokens(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> None:

@@ -14,7 +14,7 @@ DERIVED = None  # default computed from other declarations (said in the doc)
 @dataclass(frozen=True)
 class OptionSpec:
     name: str
-    type: str  # int | float | bool | str | enum | ref | call | calls
+    type: str  # int | float | floats | bool | str | enum | ref | call | calls
     default: Any = DERIVED
     doc: str = ""
     lo: float | None = None
@@ -30,6 +30,7 @@ class CallSpec:
     func: str
     params: tuple[OptionSpec, ...]
     doc: str = ""
+    rest: str = ""  # what any number of leading positional arguments are (mixture's components)
 
 
 def _opts(*specs: OptionSpec) -> dict[str, OptionSpec]:
@@ -44,6 +45,9 @@ def _count(name: str, doc: str, default: Any = 1) -> OptionSpec:
 _WEIGHT = OptionSpec("weight", "float", 1.0, "weight of this reward in the sum", lo=0, lo_open=True)
 REWARD_RULES = ("exact_match", "math_verify", "numeric_match")
 LENGTH_CALLS = ("lognormal", "uniform", "fixed")
+LATENCY_CALLS = (*LENGTH_CALLS, "seconds")  # a tool's latency: whole seconds as a length, or seconds(...)
+WORKLOAD_CALLS = (*LENGTH_CALLS, "mixture")  # a data block's lengths may also mix several distributions
+MIXTURE_PER = ("sample", "prompt")
 CALLS: dict[str, CallSpec] = {c.func: c for c in (
     CallSpec("rule", (OptionSpec("name", "enum", REQUIRED, "built-in rule", choices=REWARD_RULES), _WEIGHT),
              "a built-in rule reward"),
@@ -72,7 +76,8 @@ CALLS: dict[str, CallSpec] = {c.func: c for c in (
                       OptionSpec("env", "str", "", "variables a command tool sees, \"NAME=value,...\" (nothing "
                                  "else of the caller's environment)"),
                       OptionSpec("latency", "call", None, "seconds a call takes, for simulation "
-                                 "(default fixed(length = 1))", choices=LENGTH_CALLS)),
+                                 "(default fixed(length = 1)); seconds(...) for less than a second",
+                                 choices=LATENCY_CALLS)),
              "a tool the generating model may call; give python or command"),
     CallSpec("lognormal", (OptionSpec("mean", "float", REQUIRED, "mean length in tokens", lo=1),
                            OptionSpec("sigma", "float", 0.8, "log-space spread", lo=0, lo_open=True),
@@ -84,6 +89,15 @@ CALLS: dict[str, CallSpec] = {c.func: c for c in (
              "lengths drawn uniformly"),
     CallSpec("fixed", (OptionSpec("length", "int", REQUIRED, "every sample's length", lo=1),),
              "one length for every sample"),
+    CallSpec("seconds", (OptionSpec("mean", "float", REQUIRED, "seconds (the mean, with a spread)", lo=0,
+                                    lo_open=True),
+                         OptionSpec("sigma", "float", 0.0, "log-space spread (0: always `mean`)", lo=0)),
+             "a duration in seconds, fractions allowed: fixed, or lognormal with a spread"),
+    CallSpec("mixture", (OptionSpec("weights", "floats", DERIVED, "relative weight of each component "
+                                    "(normalized); default: equal", lo=0, lo_open=True),
+                         OptionSpec("per", "enum", "sample", "draw the component per sample, or once per "
+                                    "prompt so that a whole group is long or short", choices=MIXTURE_PER)),
+             "lengths from one of several distributions, chosen by weight", rest="DIST, ..."),
 )}
 
 # ---- declarations --------------------------------------------------------------------------
@@ -125,9 +139,9 @@ _DATA_COMMON = (
     _count("max_response", "response cap in tokens", 1024),
     OptionSpec("seed", "int", 0, "shuffling and sampling seed", lo=0),
     OptionSpec("response_lengths", "call", None, "length distribution for simulation",
-               choices=LENGTH_CALLS),
+               choices=WORKLOAD_CALLS),
     OptionSpec("prompt_lengths", "call", None, "prompt length distribution for simulation",
-               choices=LENGTH_CALLS),
+               choices=WORKLOAD_CALLS),
 )
 DATA_JSONL = _opts(*_DATA_COMMON)
 SYNTHETIC_TASKS = ("arith", "count", "copy", "mul")
@@ -150,6 +164,11 @@ STAGES: dict[str, dict[str, OptionSpec]] = {
         OptionSpec("top_p", "float", 1.0, "nucleus sampling mass", lo=0, hi=1, lo_open=True),
         _count("max_tokens", "response cap; default: the data's max_response", DERIVED),
         OptionSpec("graph_mode", "bool", True, "capture decode in graph mode (ACL graph / torchair)"),
+        _count("max_num_seqs", "sequences decoded at once per data-parallel rank (vLLM's max_num_seqs); "
+               "default: the engine's, 256", DERIVED),
+        OptionSpec("gpu_memory_utilization", "float", DERIVED, "share of each device's memory the engine "
+                   "takes for weights, activations and KV cache (vLLM's name); default: 0.9",
+                   lo=0, hi=1, lo_open=True),
     ),
     "environment": _opts(
         OptionSpec("tools", "calls", REQUIRED, "tools the model may call", choices=("tool",)),
@@ -205,6 +224,7 @@ STAGES: dict[str, dict[str, OptionSpec]] = {
     ),
 }
 MODEL_STAGES = ("generate", "reference", "critic", "train")  # stages that run a model on devices
+ENGINE_OPTIONS = ("max_num_seqs", "gpu_memory_utilization")  # unset: left out of the IR (the engine's default)
 
 _ASP = _opts(
     OptionSpec("staleness", "int", 1, "max policy versions between generation and use", lo=0),

@@ -197,6 +197,9 @@ def _train_options(decl, values: OptionValues, options: dict, sink) -> dict | No
 
 
 def _generate_options(values: OptionValues, options: dict, data: DataSpec, sink) -> dict | None:
+    for name in schema.ENGINE_OPTIONS:
+        if options[name] is None:  # the engine's default, which the cost model and lowering know
+            del options[name]
     if options["max_tokens"] is None:
         options["max_tokens"] = data.max_response
     elif options["max_tokens"] > data.max_response:

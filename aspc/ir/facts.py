@@ -16,12 +16,28 @@ class Hardware:
     peak_bf16_tflops: float
     hbm_gib: float
     hbm_tbps: float
-    link_gbps: float
+    link_gbps: float  # scale-up link per device, GB/s one way (HCCS, UB, NVLink)
+    scale_up_devices: int  # devices that reach one another over the link: a node (or a supernode)
+    mesh_links: int  # the link is a full mesh of this many links (a group of n uses n - 1); 0: switched
+    network_gbps: float  # scale-out (RoCE) per device, GB/s one way, between nodes
     ray_resource: str = "CPU"  # how Ray schedules one device of this kind: NPU, GPU or CPU
 
     @property
     def hbm_bytes(self) -> float:
         return self.hbm_gib * GIB
+
+    def group_fits_a_node(self, group: int) -> bool:
+        return group <= self.scale_up_devices
+
+    def group_gbps(self, group: int) -> float:
+        """Link bandwidth one device of a `group`-device collective drives (GB/s): the scale-up
+        link inside a node (on a full mesh only the links to the group's peers), the network port
+        when the group spans nodes."""
+        if not self.group_fits_a_node(group):
+            return self.network_gbps
+        if self.mesh_links:
+            return self.link_gbps * min(group - 1, self.mesh_links) / self.mesh_links
+        return self.link_gbps
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from aspc.ir.facts import DTYPE_BYTES, ModelArch
 from aspc.plan.execution_plan import ExecutionPlan, ModelPlan, StagePlan, WeightSyncPlan
 from aspc.backends.ascend.groups import process_groups
 from aspc.controller.kinds import JUDGE_VERDICT_TOKENS
+from aspc.costmodel.roofline import parameters
 from aspc.backends.ascend.topology import Device, device, pool_offsets, visible_devices
 
 LAUNCH_VERSION = 1
@@ -142,12 +143,12 @@ def _engine_launch(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None)
     data = plan.dataset(stage.data)
     options = dict(stage.options)
     par = stage.parallel
-    max_num_seqs = 256
+    max_num_seqs, memory = _engine_limits(options)
     args = {
         "model": engine_model(model, base_dir), "dtype": _torch_dtype(model.dtype), "tensor_parallel_size": par.tp,
         "pipeline_parallel_size": par.pp, "data_parallel_size": par.dp,
         "enable_expert_parallel": par.ep > 1, "max_num_seqs": max_num_seqs,
-        "max_model_len": data.max_prompt + options["max_tokens"], "gpu_memory_utilization": 0.9,
+        "max_model_len": data.max_prompt + options["max_tokens"], "gpu_memory_utilization": memory,
         "enforce_eager": not options.get("graph_mode", True), "enable_sleep_mode": stage.placement == "time_shared",
         "load_format": "dummy", "seed": 0,
     }
@@ -158,6 +159,15 @@ def _engine_launch(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None)
                        {"weight_refresh": refresh, "sampling": {"temperature": options["temperature"],
                                                                 "top_p": options["top_p"],
                                                                 "max_tokens": options["max_tokens"]}})
+
+
+def _engine_limits(options: dict) -> tuple[int, float]:
+    """vLLM's max_num_seqs (per data-parallel rank, as the stage's option counts it) and
+    gpu_memory_utilization: the generate stage's options, else the cost model's defaults, so that
+    the engine runs with what the simulator priced."""
+    defaults = parameters()
+    return (options.get("max_num_seqs") or defaults["generation"]["max_num_seqs_per_rank"],
+            options.get("gpu_memory_utilization") or defaults["efficiency"]["memory"])
 
 
 # ---- reward sources on devices: a judge engine, a reward model ----

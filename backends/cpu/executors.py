@@ -85,7 +85,8 @@ class CpuExecutors:
     def generation_engine(self, index: int, instances: int) -> BatchGenerator:
         """Instance `index` of `instances` (all alike on a CPU)."""
         options = dict(self.gen_stage.options)
-        slots = default_slots(self.data.samples_per_step, instances, self.data.group)
+        slots = default_slots(self.data.samples_per_step, instances, self.data.group, options.get("max_num_seqs"),
+                              self.gen_stage.parallel.dp)
         if self.env_stage is not None:
             return agentic.episode_generator(copy.deepcopy(self.actor).eval(), slots, options,
                                              self.gen_stage.batching != "continuous", self.tools())

@@ -48,11 +48,15 @@ class GenInstance:
 
     def steps_time(self, k: int) -> float:
         b = self.batch
-        return k * self.cost.beta(b) + self.cost.alpha * (k * self.context + b * k * (k - 1) / 2)
+        return k * self.cost.beta(self._computed()) + self.cost.alpha * (k * self.context + b * k * (k - 1) / 2)
+
+    def _computed(self) -> int:
+        """Sequences a decode step computes: a CPU engine skips a static batch's finished members."""
+        return len(self.active) if getattr(self.cost, "skips_finished", False) else self.batch
 
     def steps_within(self, dt: float) -> int:
         """Whole decode steps that fit in dt."""
-        b, a, beta = self.batch, self.cost.alpha, self.cost.beta(self.batch)
+        b, a, beta = self.batch, self.cost.alpha, self.cost.beta(self._computed())
         qa, qb = a * b / 2, beta + a * self.context - a * b / 2
         if qa <= 0:
             return int(dt / qb) if qb > 0 else 0
@@ -76,17 +80,31 @@ class GenInstance:
         if k <= 0:
             return
         end = start + self.steps_time(k)
-        self._decode_segment(start, end)
+        self._decode_segment(start, end, k)
         self.count += k
         self.context += k * self.batch
         self.clock = end
 
-    def _decode_segment(self, start: float, end: float) -> None:
-        useful = len(self.active) / self.batch
-        middle = start + (end - start) * useful
-        self.segments.append((start, middle, "useful"))
-        if useful < 1:
-            self.segments.append((middle, end, "padding"))
+    def _decode_segment(self, start: float, end: float, k: int) -> None:
+        """Book k decode steps from `start` to `end` (before the clock moves): the static batch's
+        finished members are padding; of the rest, what the active sequences' tokens would cost at
+        the saturated batch is useful and the remainder is tail (a batch below saturation)."""
+        active, total = len(self.active), end - start
+        padding = total * self.ghosts / self.batch
+        useful = min(total - padding, self.roofline_seconds(k, active, self.context * active / self.batch))
+        tail = total - padding - useful
+        cursor = start
+        for category, seconds in (("useful", useful), ("tail", tail), ("padding", padding)):
+            if seconds > 1e-12 * max(total, 1.0):
+                self.segments.append((cursor, cursor + seconds, category))
+                cursor += seconds
+
+    def roofline_seconds(self, k: int, active: int, context: float) -> float:
+        """What k decode steps of `active` sequences holding `context` tokens in all would take at
+        the instance's saturated batch: their KV reads, and their share of a saturated step
+        (the weight reads or compute of `capacity` sequences, divided among them)."""
+        saturated = self.cost.beta(self.capacity) / self.capacity
+        return k * active * saturated + self.cost.alpha * (k * context + active * k * (k - 1) / 2)
 
     def next_event(self) -> float | None:
         if not self.active:
@@ -205,7 +223,7 @@ class GenInstance:
         start = max(self.clock, self.busy_until)
         if self.active and now > start and self.active[0][0] > self.count:
             end = start + self.steps_time(1)
-            self._decode_segment(start, end)
+            self._decode_segment(start, end, 1)
             self.count += 1
             self.context += self.batch
             self.clock = end

@@ -8,14 +8,16 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from aspc.algorithms.packing import first_fit_decreasing
 from aspc.algorithms.slots import default_slots
 from aspc.backends.sim.instance import GenInstance
 from aspc.controller.events import Work
 from aspc.controller.kinds import JUDGE_VERDICT_TOKENS, rule_for  # one verdict budget: priced here, lowered too
-from aspc.costmodel.calibrated import Calibration, CalibratedGeneration, CalibratedLearner
+from aspc.costmodel.calibrated import Calibration, CalibratedGeneration, CalibratedLearner, CalibratedScorer
+from aspc.costmodel.cores import CoreShare
 from aspc.costmodel.learner import WorkCost, packed_ranks, work_cost
-from aspc.costmodel.roofline import (GenerationCost, LearnerCost, dtype_bytes, hardware_of, offload_seconds,
-                                     usable_hbm, weight_sync_seconds)
+from aspc.costmodel.roofline import (GenerationCost, LearnerCost, broadcast_load_seconds, colocated_load_seconds,
+                                     dtype_bytes, hardware_of, offload_seconds, publish_seconds)
 from aspc.costmodel.workload import Environment, draw_episode, sample_step
 from aspc.plan.execution_plan import ExecutionPlan, Instance, MicroBatching, StagePlan
 
@@ -35,6 +37,7 @@ class RooflinePricing:
 
     def __init__(self, plan: ExecutionPlan, calibration: Calibration | None = None):
         self.plan, self.calibration = plan, calibration
+        self.cores = CoreShare(calibration.cores, calibration.background) if calibration is not None else None
         self.gen_stage = plan.stages_of("generate")[0]
         self.train_stage = plan.stages_of("train")[0]
         self.data = plan.dataset(self.gen_stage.data)
@@ -56,33 +59,43 @@ class RooflinePricing:
 
     # ---- generation ----
     def generation_instance(self, stage: StagePlan, instance: Instance) -> GenInstance:
+        """The instance's decode cost and the sequences it holds at once: on the roofline its KV room
+        in the stage's gpu_memory_utilization, capped by its max_num_seqs per data-parallel rank;
+        calibrated, the CPU runtime's slots (the same cap)."""
         static = stage.batching != "continuous"
+        options = dict(stage.options)
+        max_num_seqs = options.get("max_num_seqs")
         if self.calibration is not None:
-            cost = CalibratedGeneration(self.calibration)
-            capacity = default_slots(self.data.samples_per_step, len(stage.instances), self.data.group)
+            cost = CalibratedGeneration(self.calibration, share=self.cores)
+            capacity = default_slots(self.data.samples_per_step, len(stage.instances), self.data.group,
+                                     max_num_seqs, stage.parallel.dp)
         else:
             model = self.plan.model(stage.model)
             hw = hardware_of(self.plan, stage)
             cost = GenerationCost(model.arch, hw, stage.parallel, dtype_bytes(model.dtype),
-                                  dict(stage.options).get("graph_mode", True))
-            capacity = cost.capacity(self.mean_tokens, usable_hbm(hw))
+                                  options.get("graph_mode", True))
+            capacity = cost.capacity(self.mean_tokens, options.get("gpu_memory_utilization"), max_num_seqs)
         return GenInstance(instance.index, cost, capacity, static, instance.device_count)
 
     def load(self, devices: int, interrupt: bool) -> float:
-        """A generation instance loads a published version (an interrupted batch re-prefills on top)."""
+        """A generation instance loads a published version (an interrupted batch re-prefills on top):
+        on the trainer's devices by resharding in place and onloading its shard, on its own by
+        receiving the trainer's broadcast (aspc/costmodel/roofline.py, "weight sync"). Neither
+        depends on how many devices receive."""
         if self.calibration is not None:
             return self.calibration.weight_load
         transfer = self.plan.weight_syncs[0].transfer if self.plan.weight_syncs else "link"
         if transfer == "offload_onload":
-            return offload_seconds(self.weight_bytes / self.gen_stage.parallel.tp, devices)
-        learner_devices = self.train_stage.instances[0].device_count
-        return weight_sync_seconds(self.weight_bytes, min(devices, learner_devices))
+            return colocated_load_seconds(self.plan, self.train_stage, self.gen_stage)
+        return broadcast_load_seconds(self.plan, self.train_stage, self.gen_stage)
 
     # ---- learner-side executors ----
     def work(self, work: Work, stage: StagePlan, token_lengths: list[int]) -> WorkCost:
         rule = rule_for(stage)
         if rule is not None and rule.priced_as == "judge":
             return self._judged(stage, token_lengths)
+        if self.calibration is not None:
+            return self._calibrated_work(work, stage, token_lengths)
         stage = _shaped(stage)
         cost = self._learner_cost(stage)
         key = (work.step, work.samples[0], len(work.samples), stage.micro_batching, stage.parallel.dp)
@@ -111,64 +124,107 @@ class RooflinePricing:
         prompt + response) per sample, then JUDGE_VERDICT_TOKENS decode steps of the whole batch —
         the generation roofline of the judge model on the stage's layout. The batch is the unit's
         samples, bounded by the instance's KV room and the source's `concurrency` (calls in flight;
-        several waves if more). Decode of the verdict
-        and prefill are useful; under static batching (no continuous-batching pass on the
-        generate stage) each wave's prompts pad to its longest, and the pad tokens' prefill and KV
-        reads are padding."""
+        several waves if more). Prefill and the verdict's decode at the engine's saturated batch
+        are useful, the rest of a smaller wave's decode is tail; under static batching (no
+        continuous-batching pass on the generate stage) each wave's prompts pad to its longest,
+        and the pad tokens' prefill and KV reads are padding."""
         devices = stage.instances[0].device_count if stage.instances else 1
         verdict = JUDGE_VERDICT_TOKENS
         inputs = [math.ceil(len(rubric) / CHARS_PER_TOKEN) + t for t in token_lengths]
-        cost, capacity = self.judge_engine(stage, model_name, sum(inputs) / max(len(inputs), 1) + verdict)
-        capacity = max(1, min(capacity, concurrency or capacity))
+        if self.calibration is not None:  # the CPU judge: a forward pass per sample, the samples on threads
+            seconds = CalibratedScorer(self.calibration).judge(len(inputs))
+            return WorkCost(seconds, seconds * devices, 0.0, 0.0)
+        cost, saturated = self.judge_engine(stage, model_name, sum(inputs) / max(len(inputs), 1) + verdict)
+        capacity = max(1, min(saturated, concurrency or saturated))
         static = (stage.batching or self.gen_stage.batching) != "continuous"
-        seconds = useful = 0.0
+        seconds = unpadded = useful = 0.0
         for first in range(0, len(inputs), capacity):
             wave = inputs[first:first + capacity]
             batch, tokens = len(wave), sum(wave)
             padded = batch * max(wave) if static else tokens
             seconds += _judge_call(cost, batch, padded, verdict)
-            useful += _judge_call(cost, batch, tokens, verdict)
-        return WorkCost(seconds, useful * devices, (seconds - useful) * devices, 0.0)
+            unpadded += _judge_call(cost, batch, tokens, verdict)
+            useful += _judge_call(cost, batch, tokens, verdict, saturated)
+        return WorkCost(seconds, useful * devices, (seconds - unpadded) * devices, 0.0, (unpadded - useful) * devices)
 
     def judge_engine(self, stage: StagePlan, model_name: str, tokens_per_sequence: float):
         """(the judge model's generation cost on one instance of the stage, the sequences it
-        holds at once: its KV room for sequences of this length, capped by max_num_seqs)."""
+        holds at once: its KV room for sequences of this length, capped by max_num_seqs). A reward
+        stage takes no engine options (max_num_seqs, gpu_memory_utilization are generate's): the
+        judge engine runs with the cost model's defaults, the memory share its launch gets too, and
+        its batch is bounded by the source's `concurrency` (in `judge`; lowered as its max_num_seqs)."""
         if self.calibration is not None:
             slots = default_slots(self.data.samples_per_step, len(stage.instances), self.data.group)
             return CalibratedGeneration(self.calibration), slots
         model = self.plan.model(model_name)
         hw = hardware_of(self.plan, stage)
         cost = GenerationCost(model.arch, hw, stage.parallel, dtype_bytes(model.dtype), True)
-        return cost, cost.capacity(tokens_per_sequence, usable_hbm(hw))
+        return cost, cost.capacity(tokens_per_sequence, memory=None, max_num_seqs=None)
 
     def optimizer(self) -> float:
         return self._learner_cost(self.train_stage, False).optimizer()
 
     def publish(self, devices: int, time_shared: bool) -> float:
-        """The trainer hands out a new version: over the link, or nothing moves when generation
-        shares its devices (the instances onload it when the pool switches back)."""
+        """The trainer hands out a new version: its sending rank assembles the full tensors (the
+        broadcast itself is priced once, on the receiving instances' load), or nothing moves when
+        generation shares its devices (the instances reshard when they load)."""
+        if self.calibration is not None:  # the learner process sends its snapshot to the controller's
+            return self.calibration.publish
         if time_shared:
             return 0.0
-        return self.calibration.weight_load if self.calibration else weight_sync_seconds(self.weight_bytes, devices)
+        return publish_seconds(self.plan, self.train_stage)
 
     def switch(self, devices: int) -> float:
         """A time-shared pool changes hands: weights and optimizer state move host <-> device
         (on a CPU, threads share memory: nothing moves)."""
-        return 0.0 if self.calibration else offload_seconds(self.weight_bytes * 8, devices)
+        if self.calibration:  # on a CPU nothing moves: the controller hands the pool to the other side
+            return self.calibration.switch
+        return offload_seconds(self.weight_bytes * 8 / devices)  # 16 B of training state a parameter, sharded
 
     def _learner_cost(self, stage: StagePlan, recompute: bool | None = None):
         if self.calibration is not None:
-            return CalibratedLearner(self.calibration, stage.parallel.tp * stage.parallel.pp * stage.parallel.cp)
+            return self._calibrated_cost(stage)
         model = self.plan.model(_model_of(stage))
         if recompute is None:
             recompute = bool(dict(stage.options).get("recompute", False))
-        return LearnerCost(model.arch, hardware_of(self.plan, stage), stage.parallel, recompute)
+        hw = hardware_of(self.plan, stage)
+        return LearnerCost(model.arch, hw, stage.parallel, recompute, dtype_bytes(model.dtype))
 
 
-def _judge_call(cost, batch: int, context: int, verdict: int) -> float:
+    def _calibrated_work(self, work: Work, stage: StagePlan, token_lengths: list[int]) -> WorkCost:
+        """As the CPU runtime runs a unit, whatever the plan's packing: a reward model scores it in
+        one batch; the learner cuts it into first-fit-decreasing micro-batches of the train stage's
+        `micro_tokens`. Each batch is padded to its longest sequence."""
+        cost = self._calibrated_cost(stage)
+        if stage.kind == "reward":
+            return _padded_cost(cost.forward, [token_lengths])
+        budget = max(dict(self.train_stage.options).get("micro_tokens") or 0, max(token_lengths))
+        batches = [[token_lengths[i] for i in b] for b in first_fit_decreasing(token_lengths, budget)]
+        return _padded_cost(cost.train if work.kind == "train" else cost.forward, batches)
+
+    def _calibrated_cost(self, stage: StagePlan):
+        """A reward model scores in the controller's process; the learner process runs reference,
+        critic and train passes (train and optimizer training a critic too where the plan has one)."""
+        if stage.kind == "reward":
+            return CalibratedScorer(self.calibration)
+        critic = bool(self.plan.stages_of("critic"))
+        return CalibratedLearner(self.calibration, stage.parallel.tp * stage.parallel.pp * stage.parallel.cp, critic)
+
+
+def _padded_cost(run, batches: list[list[int]]) -> WorkCost:
+    """`run(tokens, squares, samples)` over batches padded to their longest: the pad tokens are padding."""
+    seconds = sum(run(len(b) * max(b), 0.0, len(b)) for b in batches)
+    useful = sum(run(sum(b), 0.0, len(b)) for b in batches)
+    return WorkCost(seconds, useful, seconds - useful, 0.0)
+
+
+def _judge_call(cost, batch: int, context: int, verdict: int, saturated: int | None = None) -> float:
     """A wave of `batch` sequences holding `context` tokens in all: their prefill, then `verdict`
-    decode steps over a context that grows by one token per sequence each step."""
-    return cost.prefill(context, batch) + verdict * cost.beta(batch) \
+    decode steps over a context that grows by one token per sequence each step. `saturated`: the
+    roofline instead — each sequence's share of a step of the engine's saturated batch (the
+    verdict decoded below it is tail, docs/simulator.md)."""
+    step = batch * cost.beta(saturated) / saturated if saturated else cost.beta(batch)
+    return cost.prefill(context, batch) + verdict * step \
         + cost.alpha * (verdict * context + batch * verdict * (verdict - 1) / 2)
 
 

@@ -60,6 +60,7 @@ class ExecutorState:
 class Simulation:
     def __init__(self, plan: ExecutionPlan, steps: int, pricing: Pricing, progress=None):
         self.plan, self.steps, self.pricing, self.progress = plan, steps, pricing, progress
+        self.cores = getattr(pricing, "cores", None)  # shared CPU cores, calibrated runs (aspc/costmodel/cores.py)
         self.config = ControllerConfig.from_plan(plan, steps)
         self.gen_stage = plan.stages_of("generate")[0]
         self.train_stage = plan.stages_of("train")[0]
@@ -147,6 +148,8 @@ class Simulation:
         while self.pending:
             self.act(self.pending.popleft())
         self.draining = False
+        if self.cores is not None:
+            self.cores.settle(self)
         held = self.controller.held_samples()
         if held != self.held[-1][1]:
             self.held.append((self.now, held))
@@ -199,7 +202,8 @@ class Simulation:
         ex = self.executors[a.executor]
         label = f"{a.work.kind} step {a.work.step} ({len(a.work.samples)} samples)"
         self._occupy(ex, wc.seconds, None, label, WorkFinished(a.work.id))
-        for category, amount in (("useful", wc.useful), ("padding", wc.padding), ("skewness", wc.skewness)):
+        for category, amount in (("useful", wc.useful), ("padding", wc.padding), ("skewness", wc.skewness),
+                                 ("tail", wc.tail)):
             self.ledger.add(category, amount)
 
     def _trainer(self) -> ExecutorState:

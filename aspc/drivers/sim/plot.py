@@ -7,7 +7,7 @@ from pathlib import Path
 from aspc.accounting.ledger import CATEGORIES
 from aspc.accounting.trace import coalesce
 
-COLORS = {"useful": "#2e7d32", "padding": "#f9a825", "skewness": "#c62828", "sorting": "#6a1b9a",
+COLORS = {"useful": "#2e7d32", "padding": "#f9a825", "tail": "#ff8a65", "skewness": "#c62828", "sorting": "#6a1b9a",
           "sync": "#1565c0", "idle": "#bdbdbd", "tool_wait": "#ef6c00", "tool": "#8d6e63"}
 
 

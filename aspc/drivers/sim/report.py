@@ -1,8 +1,11 @@
-"""Text reports of simulations: one run, or the sync-naive / sync / asp comparison."""
+"""Text reports of simulations: one run, or the sync-naive / sync / asp comparison (with sync
+colocated on all devices, the row sync@colocated, when the baseline is available)."""
 from __future__ import annotations
 
 from aspc.accounting.ledger import CATEGORIES
 from aspc.drivers.sim.result import SimResult
+
+COLOCATED_SYNC = "sync@colocated"  # sync on one time-shared pool of all the devices (aspc/frontend/layouts.py)
 
 
 def shown(results: list[SimResult]) -> tuple[str, ...]:
@@ -39,22 +42,28 @@ def pool_shares(r: SimResult) -> str:
 
 
 def compare_table(results: list[SimResult]) -> str:
+    """One row per schedule; "vs X" is the row's e2e_tps over X's ("-" where X was not simulated)."""
     by = {r.schedule: r for r in results}
     categories = shown(results)
-    head = ("| schedule | step time (s) | e2e_tps | samples/s | vs sync | vs sync-naive | efficiency | "
-            + " | ".join(categories) + " | staleness |")
+    bases = ("sync", COLOCATED_SYNC, "sync-naive")
+    head = ("| schedule | step time (s) | e2e_tps | samples/s | " + " | ".join(f"vs {b}" for b in bases)
+            + " | efficiency | " + " | ".join(categories) + " | staleness |")
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
-        vs_sync = _ratio(by.get("sync"), r)
-        vs_naive = _ratio(by.get("sync-naive"), r)
+        speedups = " | ".join(_ratio(by.get(b), r) for b in bases)
         stale = ", ".join(f"{k}:{v}" for k, v in r.staleness.items())
-        rows.append(f"| {r.schedule} | {r.step_time:.2f} | {r.e2e_tps:.1f} | {r.samples_per_s:.2f} | {vs_sync} | "
-                    f"{vs_naive} | {100 * r.efficiency:.1f}% | "
+        rows.append(f"| {r.schedule} | {r.step_time:.2f} | {r.e2e_tps:.1f} | {r.samples_per_s:.2f} | {speedups} | "
+                    f"{100 * r.efficiency:.1f}% | "
                     + " | ".join(f"{100 * r.share(c):.1f}%" for c in categories) + f" | {stale} |")
     rows.append("")
     rows.append("busy device-time by pool (share of all busy device-seconds; util: busy / the pool's devices x wall):")
-    rows += [f"  {r.schedule:<10}  {pool_shares(r)}" for r in results]
+    rows += [f"  {r.schedule:<14}  {pool_shares(r)}" for r in results]
     return "\n".join(rows) + "\n"
+
+
+def baseline_note(reason: str) -> str:
+    """The line under the table when the colocated baseline is not available."""
+    return f"{COLOCATED_SYNC}: not available: {reason}"
 
 
 def _ratio(base: SimResult | None, r: SimResult) -> str:

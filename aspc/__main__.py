@@ -1,0 +1,4 @@
+"""`python -m aspc ...`: the same command line as `aspc ...`."""
+from aspc.cli.main import entry
+
+entry()
