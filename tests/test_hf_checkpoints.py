@@ -242,7 +242,7 @@ def test_missing_weights_and_tokenizer_are_warnings(tmp_path, aspc):
 
 
 ASCEND = """pipeline hf_ascend
-pool npu = 910b3 x 2
+pool npu = 910b3 x 1
 model actor = {source}
 model ref = frozen(actor)
 data prompts = synthetic("arith") {{ prompts_per_step = 4, group = 2 }}
