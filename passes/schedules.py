@@ -7,6 +7,7 @@ which stages time-share devices with generation.
   asp         the Adaptive Scheduling Pipeline: sync plus asynchronous decoupling under a
               staleness bound, queue-aware dispatch, packing into static shape buckets,
               streaming, and (if asked) partial rollout
+With `placement = auto` every schedule starts with `auto-place`: each at its own best layout.
 """
 from __future__ import annotations
 
@@ -21,10 +22,17 @@ def schedule_for(graph: StageGraph, kind: str | None) -> ScheduleSpec:
     if kind is None or kind == graph.schedule.kind:
         return graph.schedule
     defaults = {name: spec.default for name, spec in schema.SCHEDULES[kind].items()}
+    if graph.schedule.option("placement") == "auto":  # every schedule at its own layout (auto-place)
+        defaults["placement"] = "auto"
     return ScheduleSpec(kind, tuple(sorted(defaults.items())))
 
 
 def pipeline_for(schedule: ScheduleSpec) -> str:
+    auto = "auto-place," if schedule.option("placement") == "auto" else ""
+    return auto + _pipeline(schedule)
+
+
+def _pipeline(schedule: ScheduleSpec) -> str:
     if schedule.kind == "sync-naive":
         return "place"
     if schedule.kind == "sync":

@@ -1,6 +1,7 @@
 """The Ascend backend on CPU: golden launch plans, conformance of the lowered model configs with
 megatron-core, a sound device mapping, and the clear message where no NPU exists."""
 import json
+import subprocess
 from collections import Counter
 
 import pytest
@@ -184,7 +185,8 @@ def test_a_reward_model_is_a_megatron_forward_job_per_instance(tmp_path):
     megatron-core (hidden states out, a scalar head on the last token), one job per instance."""
     plan = _grpo_7b_with(tmp_path, "reward(gen, model = rm) on judges { tp = 4, instances = 2 }")
     score = next(s for s in plan.stages if s.stage == "score")
-    assert score.role == "megatron-forward" and score.model_args["post_process"] is False
+    assert score.role == "megatron-forward" and "post_process" not in score.model_args
+    assert all(p.model_args["post_process"] is False for p in plan.processes if p.stage == "score")
     assert score.config["tensor_model_parallel_size"] == 4 and "scalar" not in score.config
     procs = [p for p in plan.processes if p.stage == "score"]
     assert len(procs) == 8 and {p.world_size for p in procs} == {4}
@@ -201,3 +203,86 @@ def test_a_judge_is_a_greedy_vllm_engine_with_a_short_verdict(tmp_path):
     assert judge.micro_batching["sampling"]["temperature"] == 0.0
     assert judge.micro_batching["sampling"]["max_tokens"] == JUDGE_VERDICT_TOKENS  # what the simulator prices
     assert [p.role for p in plan.processes if p.stage == "score"] == ["vllm-engine"]
+
+
+ALL_PIPELINES = sorted(p.stem for p in (ROOT / "pipelines").glob("*.aspl"))
+
+
+@pytest.mark.parametrize("name", ALL_PIPELINES)
+def test_dry_run_prints_a_runnable_script_for_every_pipeline(aspc, name, tmp_path):
+    """One line per process of the launch plan that tests/test_ascend_conformance.py checks (the same
+    lowering), a script bash accepts, rendezvous addresses read from ASPC_NODES, and a placeholder
+    checkpoint named in the header."""
+    result = aspc("run", f"pipelines/{name}.aspl", "--backend", "ascend", "--dry-run")
+    assert result.exit_code == 0, result.output
+    path = ROOT / "pipelines" / f"{name}.aspl"
+    plan = lower(compile_with_passes(path).plan(), path.parent)
+    commands = [line for line in result.stdout.splitlines() if "aspc.backends.ascend.executors" in line]
+    assert len(commands) == len(plan.processes)
+    script = tmp_path / "launch.sh"
+    script.write_text(result.stdout)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    masters = [line for line in commands if "MASTER_ADDR=" in line or "VLLM_DP_MASTER_IP=" in line]
+    assert all('"${NODE[' in line for line in masters)
+    assert ("ASPC_NODES" in result.stdout) == bool(masters)
+    for placeholder in plan.placeholders():
+        assert f"MISSING CHECKPOINT: replace {placeholder}" in result.stdout
+
+
+def test_node_addresses_from_the_environment_are_written_in(aspc, monkeypatch):
+    monkeypatch.setenv("ASPC_NODES", ",".join(f"10.0.0.{n}" for n in range(2)))
+    result = aspc("run", "pipelines/grpo_7b.aspl", "--backend", "ascend", "--dry-run")
+    assert result.exit_code == 0 and "MASTER_ADDR=10.0.0." in result.stdout and "NODE[" not in result.stdout
+    monkeypatch.setenv("ASPC_NODES", "10.0.0.0")
+    result = aspc("compile", "pipelines/grpo_7b.aspl", "--backend", "ascend", "--emit", "launch")
+    assert result.exit_code == 1 and "ASPC_NODES lists 1 addresses" in result.output
+
+
+def test_colocated_engines_share_memory_and_sleep_without_expandable_segments():
+    """vllm-ascend's sleep-mode allocator asserts against expandable segments; three processes start on
+    each NPU, so the engine asks for a third of the memory; each sharer has HCCL ports of its own."""
+    plan = launch("grpo_7b_colocated")
+    [gen] = [s for s in plan.stages if s.stage == "gen"]
+    assert gen.config["enable_sleep_mode"] and gen.config["gpu_memory_utilization"] == 0.3
+    engines = [p for p in plan.processes if p.stage == "gen"]
+    assert all("PYTORCH_NPU_ALLOC_CONF" not in p.env and p.env["VLLM_ASCEND_ENABLE_NZ"] == "0" for p in engines)
+    for node in {p.node for p in plan.processes}:
+        ranges = [p.env["HCCL_HOST_SOCKET_PORT_RANGE"] for p in plan.processes if p.node == node]
+        assert len(ranges) == len(set(ranges))
+    assert gen.micro_batching["weight_refresh"]["backend"] == "npu_ipc"
+
+
+def test_moe_engine_ranks_form_a_vllm_data_parallel_group():
+    plan = launch("r1_zero_671b")
+    [gen] = [s for s in plan.stages if s.stage == "gen"]
+    assert "data_parallel_size" not in gen.config
+    first = [p for p in plan.processes if p.stage == "gen" and p.name.startswith("gen.0.")]
+    assert [p.env["VLLM_DP_RANK"] for p in first] == [str(r) for r in range(32)]
+    assert {p.env["VLLM_DP_SIZE"] for p in first} == {"32"}
+    assert {p.env["VLLM_DP_MASTER_IP"] for p in first} == {"${NODE[0]}"}
+    assert sorted(p.env["VLLM_DP_RANK_LOCAL"] for p in first if p.node == 1) == ["0", "1", "2", "3"]
+
+
+def test_pipeline_and_model_settings_reach_megatron():
+    """DeepSeek: MLA config, YaRN, sigmoid group-limited router, 61 layers over 6 stages; the first
+    pipeline stage embeds, the last one has the output layer."""
+    plan = launch("r1_zero_671b")
+    [update] = [s for s in plan.stages if s.stage == "update"]
+    assert update.builders["config_class"] == "MLATransformerConfig"
+    assert update.builders["layer_spec"]["function"] == "get_gpt_decoder_block_spec"
+    assert update.config["rope_type"] == "yarn" and update.config["rotary_base"] == 10_000
+    assert update.config["moe_router_score_function"] == "sigmoid"
+    assert update.config["num_layers_in_last_pipeline_stage"] == 11
+    ranks = [p for p in plan.processes if p.stage == "update"]
+    assert Counter((p.model_args["pre_process"], p.model_args["post_process"]) for p in ranks) == \
+        {(True, False): 64, (False, False): 256, (False, True): 64}
+    [qwen3] = [s for s in launch("grpo_30b_moe").stages if s.stage == "update"]
+    assert qwen3.config["qk_layernorm"] and qwen3.model_args["rotary_base"] == 1_000_000
+
+
+def test_context_parallelism_switches_on_mindspeeds_ring_attention():
+    [update] = [s for s in launch("dapo_32b").stages if s.stage == "update"]
+    argv = update.builders["mindspeed_argv"]
+    assert argv[argv.index("--context-parallel-size") + 1] == "2"
+    assert argv[argv.index("--context-parallel-algo") + 1] == "megatron_cp_algo"
+    assert int(argv[argv.index("--seq-length") + 1]) % 4 == 0

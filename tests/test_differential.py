@@ -33,9 +33,11 @@ _REWARD_ON_LEARNER = {**_DISAGGREGATED,  # the reward model time-shares the trai
 _CONTENDED = {**_DISAGGREGATED, "tool_workers = 4": "tool_workers = 1",  # one runner; syncs at
               "stream = 8 }": "stream = 8, partial_rollout = 2 }"}  # turn boundaries
 _TIMEOUTS = {"timeout = 5": "timeout = 0.5"}  # every call runs past its timeout: episodes end on it
+_FILTERED = {"micro_tokens = 1k\n}": "micro_tokens = 1k, filter_groups = true\n}"}  # dynamic sampling
 PLANS = {"time_shared": {}, "disaggregated": _DISAGGREGATED, "reward_model": _REWARD_MODEL, "judge": _JUDGE,
          "reward_on_learner": _REWARD_ON_LEARNER, "agentic": {}, "agentic_contended": _CONTENDED,
-         "agentic_timeouts": _TIMEOUTS}
+         "agentic_timeouts": _TIMEOUTS, "filtered": _FILTERED,
+         "filtered_disaggregated": {**_DISAGGREGATED, **_FILTERED}}
 BASES = {"agentic": "tiny_agentic", "agentic_contended": "tiny_agentic", "agentic_timeouts": "tiny_agentic"}
 
 
@@ -122,6 +124,10 @@ def test_sim_and_local_drivers_take_the_same_actions(tmp_path, recorded, name, s
         assert {"RunTool", "ResumeEpisode"} <= kinds
     if name == "agentic_contended" and schedule == "asp":  # syncs wait for turn boundaries, then interrupt
         assert any(type(a).__name__ == "SyncWeights" and a.interrupt for _, _, actions in sim_trace for a in actions)
+    if name.startswith("filtered"):  # all-equal groups replaced by more prompts of the same step
+        prompts = plan.dataset(plan.stages_of("generate")[0].data).prompts_per_step
+        assert any(r.sample[1] >= prompts for _, _, actions in sim_trace for a in actions
+                   if type(a).__name__ == "Dispatch" for r in a.requests)
     if name == "reward_on_learner":  # scoring and training serialize on the trainer's executor
         runs = {a.work.kind: a.executor for _, _, actions in sim_trace for a in actions
                 if type(a).__name__ == "RunWork"}

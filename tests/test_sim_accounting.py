@@ -9,6 +9,7 @@ from aspc.backends.sim.instance import GenInstance
 from aspc.backends.sim.pricing import RooflinePricing
 from aspc.controller.config import ControllerConfig
 from aspc.controller.generation import Generation
+from aspc.costmodel.calibrated import Calibration, CalibratedGeneration
 from aspc.costmodel.roofline import GenerationCost, dtype_bytes
 from aspc.drivers.sim.result import simulate
 from aspc.ir.facts import hardware_table, model_presets
@@ -48,6 +49,37 @@ def test_a_saturated_batch_is_all_useful():
     seconds = decode_alone(qwen7b_instance(64), requests=64, length=500)
     assert seconds.get("tail", 0.0) == pytest.approx(0.0, abs=1e-9)
     assert seconds["useful"] > 0
+
+
+def static_instance(skips_finished: bool) -> GenInstance:
+    """A static batch of a calibrated CPU engine: 4 ms a step plus 1 ms per computed sequence."""
+    cal = Calibration(decode_fixed=0.004, decode_per_seq=0.001, prefill_fixed=0.0, prefill_per_token=0.0,
+                      forward_fixed=0.0, forward_per_token=0.0, train_fixed=0.0, train_per_token=0.0,
+                      optimizer=0.0, weight_load=0.0)
+    return GenInstance(0, CalibratedGeneration(cal, skips_finished=skips_finished), 4, static=True, devices=1)
+
+
+def decode_static(inst: GenInstance, lengths: list[int]) -> dict[str, float]:
+    inst.admit(0.0, [SimpleNamespace(sample=(0, k, 0), prompt_len=10) for k in range(len(lengths))],
+               lambda sample: lengths[sample[1]])
+    while inst.next_event() is not None:
+        inst.pop_finished(inst.next_event())
+    seconds = {}
+    for start, end, category in inst.segments:
+        seconds[category] = seconds.get(category, 0.0) + end - start
+    return seconds
+
+
+def test_a_static_batch_pays_padding_only_where_its_finished_members_are_computed():
+    """A GPU-style engine computes a static batch's finished members (padding); the CPU engine
+    skips them (backends/cpu/generator.py), so its under-full batch is tail, never padding."""
+    lengths = [10, 10, 10, 40]
+    computed = decode_static(static_instance(skips_finished=False), lengths)
+    skipped = decode_static(static_instance(skips_finished=True), lengths)
+    assert computed["padding"] > 0
+    assert skipped.get("padding", 0.0) == 0.0
+    assert skipped["tail"] > 0
+    assert sum(skipped.values()) < sum(computed.values())
 
 
 def test_useful_decode_is_the_same_whichever_instance_does_it():

@@ -14,7 +14,8 @@ from aspc.backends.sim.instance import GenInstance
 from aspc.controller.episodes import EpisodePolicy
 from aspc.controller.kinds import rule_for
 from aspc.costmodel.learner import WorkCost
-from aspc.costmodel.workload import Environment, draw_episode, sample_step
+from aspc.controller.config import ControllerConfig
+from aspc.costmodel.workload import Environment, draw_episode, draw_rewards, sample_step
 from aspc.drivers.sim.episodes import plan_episode
 
 SLOTS = 6  # concurrent sequences per generation instance
@@ -22,6 +23,7 @@ LOAD = 0.25 + 2 ** -11  # a weight load on an instance
 OPTIMIZER = 1.5 + 2 ** -14
 PUBLISH = 0.5 + 2 ** -13
 SWITCH = 0.625 + 2 ** -15  # a time-shared pool changing hands
+MOVE = 0.375 + 2 ** -21  # runtime rebalancing: a generation instance joining or leaving the trainer
 FIXED = {"reference": 0.75 + 2 ** -16, "critic": 0.875 + 2 ** -17, "reward": 1.25 + 2 ** -18,
          "train": 2.5 + 2 ** -19, "judge": 1.75 + 2 ** -20}
 PER_TOKEN = 2 ** -12
@@ -42,6 +44,8 @@ class Workload:
     def __init__(self, plan):
         gen = plan.stages_of("generate")[0]
         self.data = plan.dataset(gen.data)
+        self.stride = ControllerConfig.from_plan(plan, 1).prompt_stride  # prompts drawn per step
+        self.solve_rates = dict(plan.stages_of("train")[0].options).get("solve_rates")
         self._steps: dict[int, list] = {}
         envs = plan.stages_of("environment")
         self.env = Environment.of(dict(envs[0].options)) if envs else None
@@ -50,8 +54,12 @@ class Workload:
 
     def sample(self, step: int, prompt: int, index: int):
         if step not in self._steps:
-            self._steps[step] = sample_step(self.data, step)
+            self._steps[step] = sample_step(self.data, step, prompts_drawn=self.stride)
         return self._steps[step][prompt * self.data.group + index]
+
+    def reward(self, key) -> float:
+        """The sample's reward as the simulator draws it under dynamic sampling (else 0)."""
+        return draw_rewards(self.data, self.solve_rates, *key[:2])[key[2]] if self.solve_rates else 0.0
 
     def episode(self, key):
         """The sample's EpisodePlan (turns, tool calls, how it ends); None without an environment."""
@@ -102,6 +110,9 @@ class FakePricing:
 
     def switch(self, devices: int) -> float:
         return SWITCH
+
+    def move(self, devices: int) -> float:
+        return MOVE
 
 
 # ---- the local driver's side ----
@@ -237,15 +248,16 @@ class FakeEngine:
 
 
 class FakeTrainer:
-    def __init__(self, time):
-        self.time = time
+    def __init__(self, time, workload=None):
+        self.time, self.workload = time, workload
         self.log: list = []
 
     def _run(self, kind: str, rollouts) -> None:
         self.time.sleep(work_seconds(kind, sum(r.tokens for r in rollouts)))
 
-    def reward(self, rollouts) -> None:
-        pass  # a rule reward: on the host, no time
+    def reward(self, rollouts) -> None:  # a rule reward: on the host, no time
+        for r in rollouts:
+            r.reward = self.workload.reward(r.key) if self.workload else 0.0
 
     def reference(self, rollouts) -> None:
         self._run("reference", rollouts)
@@ -297,14 +309,14 @@ class FakeExecutors:
         self.time, self.plan = time, plan
         self.workload = Workload(plan)
         self.pps = self.workload.data.prompts_per_step
-        self._trainer = FakeTrainer(time)
+        self._trainer = FakeTrainer(time, self.workload)
 
     @staticmethod
     def set_threads(count: int) -> int:
         return 1
 
     def prompt(self, index: int) -> Prompt:
-        step, prompt = divmod(index, self.pps)
+        step, prompt = divmod(index, self.workload.stride)
         return Prompt([1] * self.workload.sample(step, prompt, 0).prompt_len)
 
     def warm_start(self, steps: int, on_step=None) -> None:
@@ -330,6 +342,9 @@ class FakeExecutors:
 
     def switch_pool(self, pool: str, mode: str) -> None:
         self.time.sleep(SWITCH)
+
+    def move_instance(self, instance: int, role: str) -> None:
+        self.time.sleep(MOVE)
 
     def rollout(self, sample, finished, prompt) -> Rollout:
         return Rollout(sample, len(finished.prompt) + len(finished.response))

@@ -5,6 +5,8 @@ Every device-second is one of CATEGORIES; see DESIGN.md for what each means.
 """
 from __future__ import annotations
 
+import bisect
+
 # tail: a generation instance decoding below its saturated batch (a few long-tail sequences left);
 # tool_wait: a generation instance holds live episodes and every one of them waits on a tool call
 CATEGORIES = ("useful", "padding", "tail", "skewness", "sorting", "sync", "idle", "tool_wait")
@@ -37,11 +39,24 @@ def gaps(busy: list[tuple[float, float]], start: float, end: float) -> list[tupl
 
 
 def split_by(interval: tuple[float, float], cover: list[tuple[float, float]]):
-    """(covered parts, uncovered parts) of an interval against merged intervals."""
-    uncovered = gaps(cover, *interval)
+    """(covered parts, uncovered parts) of an interval against merged intervals (sorted and
+    disjoint, as merge() returns them): a binary search finds the first that can overlap it."""
     a, b = interval
-    covered = gaps(uncovered, a, b)
-    return covered, uncovered
+    covered, uncovered, cursor = [], [], a
+    i = max(bisect.bisect_left(cover, (a,)) - 1, 0)
+    while i < len(cover) and cover[i][0] < b:
+        start, end = cover[i]
+        i += 1
+        if end <= cursor:
+            continue
+        if start > cursor:
+            uncovered.append((cursor, start))
+            cursor = start
+        covered.append((cursor, min(end, b)))
+        cursor = min(end, b)
+    if cursor < b:
+        uncovered.append((cursor, b))
+    return [(x, y) for x, y in covered if y > x], [(x, y) for x, y in uncovered if y > x]
 
 
 def step_function_positive(points: list[tuple[float, int]]) -> list[tuple[float, float]]:

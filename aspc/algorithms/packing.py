@@ -39,11 +39,15 @@ class _RoomTree:
         return self.best[self.size + slot]
 
     def set(self, slot: int, room: int) -> None:
-        i = self.size + slot
-        self.best[i] = room
-        while i > 1:
+        best, i = self.best, self.size + slot
+        best[i] = room
+        while i > 1:  # up to the first ancestor whose maximum does not change
             i //= 2
-            self.best[i] = max(self.best[2 * i], self.best[2 * i + 1])
+            left, right = best[2 * i], best[2 * i + 1]
+            top = left if left >= right else right
+            if best[i] == top:
+                return
+            best[i] = top
 
     def first_with_room(self, need: int) -> int | None:
         if self.best[1] < need:

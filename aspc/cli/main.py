@@ -14,6 +14,9 @@ from aspc.frontend.diagnostics import AsplError, render_all
 from aspc.ir.dot import to_dot
 from aspc.frontend.formatter import format_program
 from aspc.cli.inspect import inspect_report, write_schedule_graph
+from aspc.cli.tune import tune_command
+from aspc.cli.doctor import doctor_command
+from aspc.cli.report import report as report_command
 from aspc.passes.schedules import SCHEDULES
 from aspc.ir.printer import print_ir
 from aspc.ir.serialize import to_json
@@ -38,9 +41,11 @@ def _launch_summary(launch):
 
 def _launch_plan(compiled):
     from aspc.backends.ascend.lowering import lower
+    from aspc.backends.ascend.process_env import node_addresses_from_env
 
     try:
-        return lower(compiled.plan(), Path(compiled.compilation.program.file).parent)  # tool modules beside it
+        return lower(compiled.plan(), Path(compiled.compilation.program.file).parent,  # tool modules beside it
+                     node_addresses_from_env())
     except ValueError as error:
         raise click.ClickException(f"cannot lower to Ascend: {error}") from None
 
@@ -146,6 +151,9 @@ def inspect(file, output_dir, overrides, schedule, pipeline) -> None:
               help="Simulate sync-naive, sync and asp on the file's layout, and sync colocated on all devices "
                    "(the row sync@colocated: generation and training time-share one pool of every device, as "
                    "a synchronous framework runs), and print one table.")
+@click.option("--best-layout", is_flag=True,
+              help="With --compare: each schedule at its own best layout (the search of `aspc tune`, confirmed "
+                   "on the simulator), so that no schedule gains from a layout that suits only it.")
 @click.option("--show-baseline", is_flag=True,
               help="Print the sync@colocated program (.aspl source) that --compare simulates; without "
                    "--compare, print only that.")
@@ -156,7 +164,8 @@ def inspect(file, output_dir, overrides, schedule, pipeline) -> None:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
               help="Write a PNG: timeline and bubble breakdown.")
 @_pass_options
-def simulate(file, compare, show_baseline, steps, trace_path, plot_path, overrides, schedule, pipeline) -> None:
+def simulate(file, compare, best_layout, show_baseline, steps, trace_path, plot_path, overrides, schedule,
+             pipeline) -> None:
     """Predict throughput and the bubble breakdown of FILE on its cluster."""
     from aspc.drivers.sim.report import baseline_note, compare_table, summary
     from aspc.controller.kinds import refusals
@@ -172,6 +181,8 @@ def simulate(file, compare, show_baseline, steps, trace_path, plot_path, overrid
         for kind in schedules:
             compiled = _compile(file, overrides, kind, pipeline, None, False)
             plans.append(_plan(compiled, pipeline))
+        if best_layout:
+            plans = _best_layout_plans(file, overrides, schedules, compare, pipeline)
     _refuse_at_stages(file, overrides, compiled, refusals(plans[0]))
     baseline = _colocated_baseline(file, overrides, pipeline, compiled) if compare or show_baseline else None
     if show_baseline:
@@ -186,6 +197,21 @@ def simulate(file, compare, show_baseline, steps, trace_path, plot_path, overrid
     if compare and baseline.reason:
         click.echo(baseline_note(baseline.reason))
     _write_pictures([r for r in results if r.schedule in SCHEDULES], trace_path, plot_path)
+
+
+main.add_command(report_command)  # aspc report: the HTML page of a file's schedules (aspc/cli/report.py)
+
+
+main.add_command(tune_command)  # aspc tune: the automatic placement written back as source (aspc/cli/tune.py)
+main.add_command(doctor_command)  # aspc doctor: this node's Ascend stack, what is missing (aspc/cli/doctor.py)
+
+
+def _best_layout_plans(file, overrides, schedules, compare: bool, pipeline) -> list:
+    from aspc.cli.tune import best_layout_plans
+
+    if not compare or pipeline is not None:
+        raise click.UsageError("--best-layout goes with --compare (and the schedules' own pass pipelines, no -p)")
+    return best_layout_plans(file, overrides, schedules, confirm=3, steps=6)
 
 
 def _simulate_plans(file, plans, steps: int) -> list:
@@ -436,7 +462,11 @@ def convert_gguf_command(gguf, output) -> None:
 def _run_ascend(file, overrides, schedule, pipeline, dry_run) -> None:
     from aspc.backends.ascend.executors import AscendUnavailable, require_npu
     from aspc.backends.ascend.launch import launch_script
+    from aspc.cli.doctor import missing_stack_message
 
+    missing = None if dry_run else missing_stack_message()  # refuse before compiling: `aspc doctor`'s report
+    if missing:
+        raise click.ClickException(f"{file}: {missing}")
     compiled = _compile(file, overrides, schedule, pipeline, None, False)
     launch = _launch_plan(compiled)
     if dry_run:
@@ -484,8 +514,7 @@ def _write_pictures(results, trace_path, plot_path) -> None:
             write_trace(Path(trace_path), {r.schedule: r.spans for r in results})
             click.echo(f"wrote {trace_path}")
         if plot_path:
-            timeline = next((r for r in results if r.schedule == "asp"), results[-1])
-            write_plot(Path(plot_path), results, timeline)
+            write_plot(Path(plot_path), results)  # every schedule's timeline
             click.echo(f"wrote {plot_path}")
     except OSError as error:
         raise click.ClickException(f"cannot write {error.filename}: {error.strerror}") from None

@@ -1,9 +1,11 @@
 """What the controller needs to know, read from an execution plan."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from aspc.controller.kinds import rule_for
+from aspc.controller.rebalance import RebalancePolicy, rebalance_policy, why_not_flexible
 from aspc.controller.scoring import CallPolicy
 from aspc.plan.execution_plan import ExecutionPlan, StagePlan
 
@@ -55,10 +57,25 @@ class ControllerConfig:
     gen_pool: str | None = None
     checkpoint_every: int = 0
     tool_workers: int = 0  # an environment's tool runners (its tool calls run on them); 0: no environment
+    rebalance: RebalancePolicy | None = None  # runtime rebalancing (rebalance.py); None: off
+    max_prompts: int = 0  # dynamic sampling: prompts one step may generate (dynamic_sampling.py); 0: off
 
     @property
     def samples_per_step(self) -> int:
         return self.prompts_per_step * self.group
+
+    @property
+    def filters_groups(self) -> bool:
+        return self.max_prompts > 0
+
+    @property
+    def prompt_stride(self) -> int:
+        """Data rows per step: a step's prompt p is row step x stride + p (its extra prompts under
+        dynamic sampling follow its own prompts_per_step, before the next step's)."""
+        return max(self.prompts_per_step, self.max_prompts)
+
+    def data_row(self, step: int, prompt: int) -> int:
+        return step * self.prompt_stride + prompt
 
     @property
     def shared_pool(self) -> str | None:
@@ -80,7 +97,9 @@ class ControllerConfig:
         routed = [s for s in plan.stages if s.kind in ("reward", "reference", "critic")]
         on_devices = [s for s in routed if rule_for(s).role is not None] + [train]
         executors = _executors(on_devices, gen)
-        forward = tuple(RoutedStage(s.name, s.kind, rule_for(s).role, _scores_as_finished(s, executors),
+        max_prompts = _max_prompts(train, data, routed)
+        forward = tuple(RoutedStage(s.name, s.kind, rule_for(s).role,  # filtering decides on each group's rewards
+                                    _scores_as_finished(s, executors) or (bool(max_prompts) and s.kind == "reward"),
                                     CallPolicy.of(s)) for s in routed)
         environments = plan.stages_of("environment")
         return ControllerConfig(
@@ -91,7 +110,30 @@ class ControllerConfig:
             stream_micro=train.stream_micro, partial_rollout=gen.partial_rollout,
             forward_stages=forward, train_stage=train.name, max_response=data.max_response,
             executors=executors, gen_pool=gen.pool, checkpoint_every=checkpoint_every,
-            tool_workers=dict(environments[0].options)["tool_workers"] if environments else 0)
+            tool_workers=dict(environments[0].options)["tool_workers"] if environments else 0,
+            max_prompts=max_prompts, rebalance=_rebalancing(plan))
+
+
+def _rebalancing(plan: ExecutionPlan) -> RebalancePolicy | None:
+    if not plan.rebalance:
+        return None
+    policy = rebalance_policy(plan)
+    if policy is None:
+        raise UnsupportedPlan(f"rebalance = true, but {why_not_flexible(plan)}")
+    return policy
+
+
+def _max_prompts(train: StagePlan, data, routed: list[StagePlan]) -> int:
+    """Dynamic sampling's bound on the prompts of one step (0: off)."""
+    options = dict(train.options)
+    if not options.get("filter_groups"):
+        return 0
+    if not any(s.kind == "reward" for s in routed):
+        raise UnsupportedPlan("filter_groups decides on a reward stage's scores, and this plan has none")
+    if data.group < 2:
+        raise UnsupportedPlan(f"filter_groups drops groups whose rewards are all equal, and data '{data.name}' "
+                              "has group = 1 (every group would be): set group to 2 or more")
+    return max(data.prompts_per_step, math.ceil(data.prompts_per_step * options["max_oversample"] - 1e-9))
 
 
 def _scores_as_finished(stage: StagePlan, executors: tuple[ExecutorSpec, ...]) -> bool:

@@ -6,14 +6,17 @@ from collections.abc import Callable
 
 from aspc.controller.config import ControllerConfig
 from aspc.controller.devices import DeviceWork, Item
-from aspc.controller.events import (Checkpoint, Finished, InstanceFailed, InstanceIdle, InstanceRecovered,
-                                    OptimizerDone, PoolSwitched, RestartInstance, ResumeEpisode, RunWork,
-                                    SampleFinished, Start, SwitchPool, SyncWeights, ToolCalled, ToolReturned,
+from aspc.controller.dynamic_sampling import GroupFilter
+from aspc.controller.events import (Checkpoint, Finished, InstanceFailed, InstanceIdle, InstanceMoved,
+                                    InstanceRecovered, OptimizerDone, PoolSwitched, RestartInstance, ResumeEpisode,
+                                    RunWork, SampleFinished, Start, SwitchPool, SyncWeights, ToolCalled, ToolReturned,
                                     WeightsLoaded, WeightsPublished, WorkFinished)
 from aspc.controller.generation import Generation
 from aspc.controller.learner import Learner
+from aspc.controller.rebalance import Rebalancer
 from aspc.controller.tools import ToolRunners
 
+TRAIN_PASSES = 3  # a train pass (forward and backward) weighs three forward passes (rebalance.py)
 ENDING = ("timeout", "crashed")  # tool-call statuses that end the episode (aspc/controller/episodes.py)
 
 
@@ -38,9 +41,15 @@ class Controller:
         self.contexts: dict = {}  # an episode waiting on a tool -> the tokens of its sequence
         self.staleness = Counter()  # staleness (u - v) of every sample trained
         self.used: set = set()  # samples delivered to training
+        self.filter = GroupFilter(config.prompts_per_step, config.group, config.max_prompts) \
+            if config.filters_groups else None  # dynamic sampling (dynamic_sampling.py)
         self.finished = start_version >= config.steps  # resumed at the end: nothing to do
+        self.rebalancer = Rebalancer(config.rebalance) if config.rebalance is not None else None
+        self.moving: set[int] = set()  # instances whose move the trainer's executor carries out
 
     def handle(self, event) -> list:
+        if self.rebalancer is not None:
+            self._observe(event)
         handler = getattr(self, "_on_" + type(event).__name__)
         actions = handler(event)
         # a finished sample frees capacity on its own instance only; anything else may change more
@@ -59,8 +68,10 @@ class Controller:
         if not self.gen.finish(event.sample, event.instance, event.response_len, event.turns):
             return []
         sample = event.sample
-        self.staleness[sample[0] - self.gen.start_version[sample]] += 1
-        self.used.add(sample)
+        if self.filter is None:
+            self._delivered([sample])
+        elif self.filter.full(sample[0]):  # surplus of dynamic sampling: never scored nor trained
+            return self._drained_syncs(event.instance) + self._turn_boundary_sync(event.instance)
         actions = self._route(self.learner.sample_done(sample))
         return actions + self._drained_syncs(event.instance) + self._turn_boundary_sync(event.instance)
 
@@ -94,11 +105,15 @@ class Controller:
         return ResumeEpisode(sample, target, home)
 
     def _on_WorkFinished(self, event: WorkFinished) -> list:
+        work = self.learner.work.get(event.work)
+        if self.filter is not None and work is not None and work.kind == "reward":
+            assert event.rewards is not None, f"the driver reported no rewards for {work}"
+            self.filter.add_rewards(work.samples, event.rewards)
         self.devices.work_done(event.work)
         step = self.learner.work_done(event.work)
         if step is not None:
             self.devices.submit(Item("optimizer", step=step))
-        return []
+        return self._filter_scored() if self.filter is not None else []
 
     def _on_OptimizerDone(self, event: OptimizerDone) -> list:
         self.devices.trainer_done("optimizer")
@@ -115,8 +130,9 @@ class Controller:
         if event.version >= self.config.steps:
             self.finished = True
             return actions + [Finished(event.version)]
+        self._rebalance(event.version)
         for i, inst in enumerate(self.gen.instances):
-            if inst.live:
+            if inst.live and not inst.away:
                 inst.pending_sync = event.version
                 actions += self._sync_if_ready(i)
         return actions
@@ -137,6 +153,17 @@ class Controller:
             return []
         return [a for i in range(len(self.gen.instances)) for a in self._sync_if_ready(i)]
 
+    def _on_InstanceMoved(self, event: InstanceMoved) -> list:
+        self.devices.trainer_done("move")
+        self.moving.discard(event.instance)
+        self.rebalancer.moved(event.instance, event.role)
+        if event.role == "learn":
+            return []
+        inst = self.gen.instances[event.instance]
+        inst.away = False
+        inst.pending_sync = self.version  # it generates again once it holds the current weights
+        return self._sync_if_ready(event.instance)
+
     def _on_InstanceFailed(self, event: InstanceFailed) -> list:
         self.tools.forget(event.instance)
         self.gen.fail(event.instance)
@@ -147,6 +174,32 @@ class Controller:
         inst.live = True
         inst.pending_sync = inst.syncing = self.version
         return [SyncWeights(event.instance, self.version, False)]
+
+    # -- dynamic sampling --
+    def _delivered(self, samples: list) -> None:
+        for sample in samples:
+            self.staleness[sample[0] - self.gen.start_version[sample]] += 1
+            self.used.add(sample)
+
+    def _filter_scored(self) -> list:
+        """Each group whose scores are in: the groups now sure to be in the step's batch join its
+        units; then the step is topped up with more prompts, or cancels what it still queues once
+        it is full."""
+        actions = []
+        scored, self.learner.scored = self.learner.scored, []
+        for step, prompt in scored:
+            self.filter.decide(step, prompt)
+            actions += self._admit(step, self.filter.admissible(step))
+            if not self.filter.full(step):
+                self.gen.release_prompts(step, self.filter.top_up(step))
+                actions += self._admit(step, self.filter.padding(step))
+            if self.filter.full(step) and not self.filter.steps[step].closed:
+                self.filter.close(step, self.gen.cancel(step))
+        return actions
+
+    def _admit(self, step: int, prompts: list[int]) -> list:
+        self._delivered([(step, p, g) for p in prompts for g in range(self.config.group)])
+        return self._route([w for p in prompts for w in self.learner.admit(step, p)])
 
     # -- learner-side work --
     def _route(self, works: list) -> list:
@@ -167,17 +220,66 @@ class Controller:
         learner has, and back when the learner is done and generation has work."""
         if not self.shared or self.mode == "switching":
             return []
-        gen_busy = any(self.has_work(i) for i in range(len(self.gen.instances)))
-        if self.mode == "gen" and not gen_busy and self.devices.waiting_for(self.shared):
+        # the cheap tests first: `gen_busy` scans every instance and queue (after every event)
+        if self.mode == "gen" and self.devices.waiting_for(self.shared) and not self._gen_busy():
             target = "learn"
-        elif self.mode == "learn" and gen_busy and not self.devices.busy(self.shared) \
-                and not self.devices.waiting_for(self.shared):
+        elif self.mode == "learn" and not self.devices.busy(self.shared) \
+                and not self.devices.waiting_for(self.shared) and self._gen_busy():
             target = "gen"
         else:
             return []
         self.mode = "switching"
         self.gen.paused = True
         return [SwitchPool(self.config.shared_pool, target)]
+
+    def _gen_busy(self) -> bool:
+        return any(self.has_work(i) for i in range(len(self.gen.instances)))
+
+    # -- runtime rebalancing (rebalance.py) --
+    def _rebalance(self, version: int) -> None:
+        """At a step boundary: decide a move, and start the moves of drained lent instances on the
+        trainer's executor (which is free: it has just published)."""
+        if self.rebalancer is None:
+            return
+        decision = self.rebalancer.step_boundary(version, self.config.steps)
+        if decision is not None and decision[0] == "learn":
+            self.gen.leave(decision[1])
+        elif decision is not None:
+            self._move(decision[1], "gen")
+        for i in sorted(self.rebalancer.leaving - self.moving):
+            if self.gen.drained(i):
+                self._move(i, "learn")
+
+    def _observe(self, event) -> None:
+        """What the rebalancer measures, in the state before the event."""
+        if isinstance(event, SampleFinished) and self.gen.inflight.get(event.sample) == event.instance:
+            self.rebalancer.sample_finished(event.instance, event.sample, event.response_len, self._learner_idle())
+        elif isinstance(event, WorkFinished) and self.devices.where.get(event.work) == self.devices.trainer:
+            work = self.learner.work[event.work]
+            passes = len(work.samples) * (TRAIN_PASSES if work.kind == "train" else 1)
+            self.rebalancer.trainer_progress(passes, self._gate_idle())
+        elif isinstance(event, InstanceMoved):
+            self.rebalancer.new_layout()
+
+    def _move(self, instance: int, role: str) -> None:
+        self.moving.add(instance)
+        self.devices.submit(Item("move", instance=instance, role=role), first=True)
+
+    def _learner_idle(self) -> bool:
+        """The trainer's executor is free and nothing queued may run on it: it waits for samples."""
+        k = self.devices.trainer
+        return not self.finished and self.devices.running[k] is None and not self.devices.waiting_for([k])
+
+    def _gate_idle(self) -> float:
+        """The share of generating instances with nothing to run while the staleness gate holds
+        the next step back."""
+        gen = self.gen
+        if self.finished or gen.paused or gen.released_steps >= self.config.steps:
+            return 0.0
+        generating = [inst for inst in gen.instances if inst.live and not inst.away]
+        idle = [inst for inst in generating if not inst.inflight and inst.pending_sync is None
+                and not any(gen.dispatchable(u, inst) for u in inst.queue)]
+        return len(idle) / len(generating) if generating else 0.0
 
     # -- weight syncs --
     def _sync_if_ready(self, i: int) -> list:
@@ -233,8 +335,11 @@ class Controller:
     def _pump(self, only: int | None = None) -> list:
         if self.finished:
             return []
-        self.gen.release(self.version)
+        self.gen.release(self.version, self.filter.opening if self.filter is not None else None)
         actions: list = self.gen.dispatch_all(only)
+        if self.rebalancer is not None:
+            for d in actions:
+                self.rebalancer.dispatched(d.instance, [r.sample for r in d.requests])
         for work in self.learner.runnable_train(self.version):
             self.devices.submit(Item("work", work))
         actions += self.devices.start(self._may_learn)
@@ -244,10 +349,18 @@ class Controller:
     def has_work(self, i: int) -> bool:
         """Whether instance i runs, holds or could take work, or must load weights."""
         inst = self.gen.instances[i]
+        if inst.away:
+            return False
         if inst.inflight or inst.pending_sync is not None:
             return True
         queues = [inst.queue] + ([o.queue for o in self.gen.instances] if self.config.policy == "queue_aware" else [])
         return any(self.gen.dispatchable(u, inst) for q in queues for u in q)
+
+    def trained_prompts(self, step: int) -> list[int]:
+        """The prompts whose groups a step trains (dynamic sampling keeps some of more)."""
+        if self.filter is None or step not in self.filter.steps:
+            return list(range(self.config.prompts_per_step))
+        return sorted(self.filter.steps[step].admitted)
 
     def held_samples(self) -> int:
         """Finished samples not yet handed to the learner (incomplete groups, units or steps)."""
@@ -260,7 +373,7 @@ class Controller:
         if self.gen.paused:
             return pairs
         for i, inst in enumerate(self.gen.instances):
-            if not inst.live or inst.pending_sync is not None or inst.queue or inst.inflight:
+            if not inst.live or inst.away or inst.pending_sync is not None or inst.queue or inst.inflight:
                 continue
             for j, other in enumerate(self.gen.instances):
                 if j != i and any(self.gen.dispatchable(u, inst) for u in other.queue):

@@ -10,25 +10,29 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from aspc.controller.events import OptimizerStep, PublishWeights, RunWork, Work
+from aspc.controller.events import MoveInstance, OptimizerStep, PublishWeights, RunWork, Work
 
 
 @dataclass(frozen=True)
 class Item:
-    what: str  # "work" | "optimizer" | "publish"
+    what: str  # "work" | "optimizer" | "publish" | "move" (a generation instance joins or leaves the trainer)
     work: Work | None = None
     step: int = 0  # the optimizer step, or the version published
+    instance: int = -1  # a move's generation instance
+    role: str = ""  # a move's new role: "learn" | "gen"
 
     def action(self, executor: int):
         if self.what == "work":
             return RunWork(self.work, executor)
         if self.what == "optimizer":
             return OptimizerStep(self.step)
+        if self.what == "move":
+            return MoveInstance(self.instance, self.role)
         return PublishWeights(self.step)
 
 
 def _step_of(item: Item) -> int:
-    """The training step an item serves (an optimizer step or publish comes first: submitted first)."""
+    """The training step an item serves (an optimizer step, publish or move comes first: submitted first)."""
     return item.work.step if item.work is not None else -1
 
 
@@ -78,7 +82,7 @@ class DeviceWork:
             self.running[k] = None
 
     def trainer_done(self, what: str) -> None:
-        """The trainer's executor finished its optimizer step or its publish."""
+        """The trainer's executor finished its optimizer step, its publish or a move."""
         current = self.running[self.trainer]
         assert current is not None and current.what == what, f"{what} finished, but the trainer ran {current}"
         self.running[self.trainer] = None

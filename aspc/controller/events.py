@@ -61,6 +61,9 @@ class ToolReturned:
 @dataclass(frozen=True)
 class WorkFinished:
     work: int
+    # a reward stage's scores of the work's samples, in order (None: masked), when the plan filters
+    # groups (dynamic sampling, aspc/controller/dynamic_sampling.py); None otherwise
+    rewards: tuple[float | None, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,15 @@ class InstanceFailed:
 @dataclass(frozen=True)
 class InstanceRecovered:
     instance: int
+
+
+@dataclass(frozen=True)
+class InstanceMoved:
+    """A flexible generation instance now serves `role`: "learn" (its devices joined the trainer's
+    data-parallel group) or "gen" (it generates again, once it loads the current weights)."""
+
+    instance: int
+    role: str
 
 
 # ---- actions ----
@@ -171,6 +183,17 @@ class SyncWeights:
 
 
 @dataclass(frozen=True)
+class MoveInstance:
+    """Runtime rebalancing (aspc/controller/rebalance.py), at a step boundary on the trainer's
+    executor: lend the drained generation instance's devices to the trainer ("learn": offload its
+    engine, onload a shard of the training state) or hand them back ("gen": offload that shard;
+    the instance then loads the current weights with a SyncWeights)."""
+
+    instance: int
+    role: str
+
+
+@dataclass(frozen=True)
 class RestartInstance:
     instance: int
 
@@ -188,6 +211,6 @@ class Finished:
 # The closed unions: a driver handles every member with `match` and `assert_never`, so a new event
 # or action breaks the type check where it is not handled instead of being dropped.
 Event = (Start | InstanceIdle | SampleFinished | ToolCalled | ToolReturned | WorkFinished | OptimizerDone
-         | WeightsPublished | WeightsLoaded | PoolSwitched | InstanceFailed | InstanceRecovered)
+         | WeightsPublished | WeightsLoaded | PoolSwitched | InstanceFailed | InstanceRecovered | InstanceMoved)
 Action = (Dispatch | RunTool | ResumeEpisode | RunWork | OptimizerStep | PublishWeights | SyncWeights | SwitchPool
-          | RestartInstance | Checkpoint | Finished)
+          | MoveInstance | RestartInstance | Checkpoint | Finished)

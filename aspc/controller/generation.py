@@ -23,6 +23,7 @@ class InstanceState:
     inflight_work: float = 0.0
     on_tool: set = field(default_factory=set)  # in-flight episodes waiting on a tool call (KV kept)
     deferred: list = field(default_factory=list)  # episodes whose tool answered, resumed after its weight sync
+    away: bool = False  # lent to the trainer, or draining to be lent (runtime rebalancing): takes no work
 
     @property
     def load(self) -> float:
@@ -74,23 +75,38 @@ class Generation:
         return prompt_len + response
 
     def loads(self) -> list[Load]:
-        return [Load(i, inst.live, inst.queued_requests, len(inst.inflight), inst.queued_work,
+        return [Load(i, inst.live and not inst.away, inst.queued_requests, len(inst.inflight), inst.queued_work,
                      inst.inflight_work) for i, inst in enumerate(self.instances)]
 
     # -- release under the staleness gate --
-    def release(self, version: int) -> None:
+    def release(self, version: int, opening=None) -> None:
+        """`opening(step)`: how many prompts a step opens with (dynamic sampling); default prompts_per_step."""
         c = self.config
         self.trained = version
         while self.released_steps < c.steps and self.released_steps - c.staleness <= version:
             step = self.released_steps
-            for prompt in range(c.prompts_per_step):
-                length = self.prompt_len(step, prompt)
-                samples = [((step, prompt, g), length, self.predicted((step, prompt, g), length))
-                           for g in range(c.group)]
-                units = [samples] if c.group_affinity else [[s] for s in samples]
-                for unit in units:
-                    self.route(unit)
+            self.release_prompts(step, range(opening(step) if opening else c.prompts_per_step))
             self.released_steps += 1
+
+    def release_prompts(self, step: int, prompts) -> None:
+        c = self.config
+        for prompt in prompts:
+            length = self.prompt_len(step, prompt)
+            samples = [((step, prompt, g), length, self.predicted((step, prompt, g), length))
+                       for g in range(c.group)]
+            units = [samples] if c.group_affinity else [[s] for s in samples]
+            for unit in units:
+                self.route(unit)
+
+    def cancel(self, step: int) -> list[int]:
+        """Drop the step's queued units (dynamic sampling: the step is full); the prompts none of
+        whose samples started."""
+        dropped = set()
+        for inst in self.instances:
+            for index in reversed(range(len(inst.queue))):
+                if inst.queue[index][0][0][0] == step:
+                    dropped |= {r[0][1] for r in inst.remove(index)}
+        return sorted(dropped - {s[1] for s in self.start_version if s[0] == step})
 
     def route(self, unit: list) -> None:
         """Queue a unit on the policy's instance, in step order (re-queued work of an old step
@@ -125,10 +141,10 @@ class Generation:
     def dispatch_all(self, only: int | None = None) -> list[Dispatch]:
         """Fill free capacity (of every instance, or of `only`) from the queues."""
         actions = []
-        if self.paused:
+        if self.paused or not any(inst.queue for inst in self.instances):  # nothing queued: nothing to start
             return actions
         for i, inst in enumerate(self.instances):
-            if (only is not None and i != only) or not inst.live or inst.pending_sync is not None:
+            if (only is not None and i != only) or not inst.live or inst.away or inst.pending_sync is not None:
                 continue
             requests = self._take(i, inst)
             while len(inst.inflight) < inst.capacity and steals(self.config.policy) and self._steal(i):
@@ -219,7 +235,8 @@ class Generation:
             return home
         rest = inst.inflight[sample]
         peers = [(other.load, j) for j, other in enumerate(self.instances)
-                 if j != home and other.live and other.pending_sync is None and other.syncing is None
+                 if j != home and other.live and not other.away and other.pending_sync is None
+                 and other.syncing is None
                  and other.loaded == inst.loaded and len(other.inflight) < other.capacity and not other.queue]
         if not peers:
             return home
@@ -234,6 +251,19 @@ class Generation:
         dest.inflight[sample] = rest + context
         dest.inflight_work += rest + context
         self.inflight[sample] = target
+
+    def leave(self, instance: int) -> None:
+        """The instance takes no more work (runtime rebalancing lends it to the trainer once what it
+        runs has finished); what is queued on it goes to the others."""
+        inst = self.instances[instance]
+        inst.away = True
+        inst.pending_sync = None
+        for unit in [inst.remove(0) for _ in range(len(inst.queue))]:
+            self.route(unit)
+
+    def drained(self, instance: int) -> bool:
+        inst = self.instances[instance]
+        return not inst.inflight and inst.syncing is None
 
     def fail(self, instance: int) -> None:
         """Re-queue what a failed instance held; the work it did is lost and is redone."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from aspc.controller.rebalance import refusal as rebalance_refusal
 from aspc.plan.execution_plan import ExecutionPlan, StagePlan, StageRefusal
 
 
@@ -73,4 +74,4 @@ def refusals(plan: ExecutionPlan) -> list[StageRefusal]:
             found.append(StageRefusal(stage.name, f"stage '{stage.name}': the runtime runs one {kind} stage per "
                                                   f"pipeline, and '{first.name}' is one",
                                       "split the pipeline in two, one per generate and train stage"))
-    return found
+    return found + [r for r in [rebalance_refusal(plan)] if r is not None]

@@ -27,6 +27,7 @@ class Learner:
         self.scores_left: dict[tuple[int, int], int] = {}  # group -> per-group scorings still running
         self.group_of: dict[int, tuple[int, int]] = {}  # per-group scoring work id -> its group
         self.waiting: dict[tuple[int, int], list[int]] = defaultdict(list)  # group -> train units waiting
+        self.scored: list[tuple[int, int]] = []  # dynamic sampling: groups scored, for the filter to decide
         self.next_id = 0
 
     def sample_done(self, sample: SampleId) -> list[Work]:
@@ -35,9 +36,15 @@ class Learner:
         self.group_done[(step, prompt)] += 1
         scorings = []
         if self.group_done[(step, prompt)] == self.config.group:
-            self.ready_groups[step].append(prompt)
+            if not self.config.filters_groups:  # filtered: it waits for its scores and the filter's word
+                self.ready_groups[step].append(prompt)
             scorings = self._score_group(step, prompt)
         return scorings + self._form_units(step)
+
+    def admit(self, step: int, prompt: int) -> list[Work]:
+        """Dynamic sampling: a scored group the filter keeps joins the step's units."""
+        self.ready_groups[step].append(prompt)
+        return self._form_units(step)
 
     def _score_group(self, step: int, prompt: int) -> list[Work]:
         samples = tuple((step, prompt, g) for g in range(self.config.group))
@@ -91,6 +98,8 @@ class Learner:
             self.scores_left[group] -= 1
             if self.scores_left[group] == 0:
                 del self.scores_left[group]
+                if self.config.filters_groups:
+                    self.scored.append(group)
                 for unit in self.waiting.pop(group, []):
                     self._forward_done(unit)
             return None

@@ -57,9 +57,21 @@ class GenerationCost:
         launch = g["launch_graph_s"] if self.graph_mode else g["launch_eager_per_layer_s"] * self.arch.layers
         return dense, experts, compute, launch
 
+    @functools.cached_property
+    def _betas(self) -> dict[int, float]:
+        return {}
+
     def beta(self, batch: int) -> float:
-        """Seconds per step besides KV reads: weight reads or compute, launch, TP and expert
-        collectives. MoE reads the experts a batch touches: 1 - (1 - k/E)^B of them per layer."""
+        """Seconds per step besides KV reads (memoised per batch size: the simulator asks for the
+        same few batch sizes hundreds of thousands of times)."""
+        found = self._betas.get(batch)
+        if found is None:
+            found = self._betas[batch] = self._beta(batch)
+        return found
+
+    def _beta(self, batch: int) -> float:
+        """Weight reads or compute, launch, TP and expert collectives. MoE reads the experts a
+        batch touches: 1 - (1 - k/E)^B of them per layer."""
         dense, experts, compute, launch = self._shape
         touched = 1 - (1 - self.arch.top_k / self.arch.experts) ** max(batch, 1) if self.arch.experts else 0
         per_rank = max(batch / self.par.dp, 1)
@@ -69,11 +81,19 @@ class GenerationCost:
         devices = self.par.tp * self.par.pp * self.par.dp
         return 2 * self.arch.active_params() * tokens / (self._flops * devices) + self.communication(tokens)
 
+    @functools.cached_property
+    def _communications(self) -> dict[float, float]:
+        return {}
+
     def communication(self, tokens: float) -> float:
         """Collectives of one forward pass of the instance over `tokens` tokens (a decode step's
         batch, a prefill's prompt tokens), per pipeline stage. Assumption: not overlapped with
-        compute (no micro-batch overlap in the engine)."""
-        return (self.tp_all_reduce(tokens) + self.expert_all_to_all(tokens)) / self.par.pp
+        compute (no micro-batch overlap in the engine). Memoised per token count."""
+        found = self._communications.get(tokens)
+        if found is None:
+            found = self._communications[tokens] = \
+                (self.tp_all_reduce(tokens) + self.expert_all_to_all(tokens)) / self.par.pp
+        return found
 
     def tp_all_reduce(self, tokens: float) -> float:
         """Megatron-style TP: two all-reduces per layer (after attention, after the MLP) of a
@@ -136,8 +156,18 @@ class LearnerCost:
         rate = parameters()["efficiency"]["flops"] * self.hw.peak_bf16_tflops * 1e12 * self.rank_devices
         return flops / rate + self.forward_communication(tokens)
 
+    @functools.cached_property
+    def _forward_communications(self) -> dict[int, float]:
+        return {}
+
     def forward_communication(self, tokens: int) -> float:
-        """A rank's tokens split over its context-parallel ranks; per pipeline stage."""
+        """A rank's tokens split over its context-parallel ranks; per pipeline stage (memoised)."""
+        found = self._forward_communications.get(tokens)
+        if found is None:
+            found = self._forward_communications[tokens] = self._forward_communication(tokens)
+        return found
+
+    def _forward_communication(self, tokens: int) -> float:
         per_cp = max(tokens / self.par.cp, 1)
         tp = 2 * self.arch.layers * all_reduce_seconds(per_cp * self.arch.hidden * self.dtype_bytes,
                                                        self.par.tp, self.hw)

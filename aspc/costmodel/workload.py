@@ -43,19 +43,53 @@ def default_prompt_lengths(data: DataSpec) -> Call:
     return Call("uniform", (("max", max(1, data.max_prompt // 2)), ("min", max(1, data.max_prompt // 8))))
 
 
-def sample_step(data: DataSpec, step: int, seed: int | None = None) -> list[Sample]:
-    """prompts_per_step x group samples, in arrival order of the prompts."""
+def sample_step(data: DataSpec, step: int, seed: int | None = None, prompts_drawn: int | None = None) -> list[Sample]:
+    """prompts_per_step x group samples, in arrival order of the prompts. `prompts_drawn`: more
+    prompts for the step (dynamic sampling's extra ones; the first prompts_per_step are the same)."""
     rng = random.Random(f"{data.seed if seed is None else seed}/{data.name}/{step}")
-    responses = data.response_lengths or default_response_lengths(data)
+    responses = grown(data.response_lengths or default_response_lengths(data), step)
     prompts = data.prompt_lengths or default_prompt_lengths(data)
     samples = []
-    for p in range(data.prompts_per_step):
+    for p in range(prompts_drawn or data.prompts_per_step):
         prompt_len = _draw(prompts, data.max_prompt, rng, rng.gauss(0, 1))
         shared = rng.gauss(0, 1)
-        group_dist = _per_prompt(responses, rng)
+        draw = _group_drawer(_per_prompt(responses, rng), data.max_response)
         for _ in range(data.group):
-            samples.append(Sample(p, prompt_len, _draw_correlated(group_dist, data.max_response, rng, shared)))
+            samples.append(Sample(p, prompt_len, draw(rng, shared)))
     return samples
+
+
+@functools.lru_cache(maxsize=256)
+def _group_drawer(dist: Call, cap: int):
+    """`_draw_correlated` for one distribution with its parameters looked up once (a step draws
+    thousands of responses from one distribution); the same random numbers, the same lengths."""
+    if dist.func == "mixture":
+        return functools.partial(_draw_correlated, dist, cap)
+    p = _params(dist)
+    rho = dist.get("group_corr", 0.0) or 0.0
+    own, common = math.sqrt(1 - rho), math.sqrt(rho)
+    if dist.func == "lognormal":
+        sigma = p["sigma"]
+        mu = math.log(p["mean"]) - sigma * sigma / 2
+
+        def lognormal(rng: random.Random, shared: float) -> int:
+            z = common * shared + own * rng.gauss(0, 1)
+            return max(1, min(cap, round(math.exp(mu + sigma * z))))
+        return lognormal
+    return functools.partial(_draw_correlated, dist, cap)
+
+
+def grown(dist: Call, step: int) -> Call:
+    """The response lengths of `step` under workload drift: a lognormal(..., growth = g) has its
+    mean multiplied by (1 + g) ** step (in a mixture, component by component); the cap still holds."""
+    if dist.func == "mixture":
+        components = tuple(grown(c, step) for c in dist.get("components"))
+        return Call("mixture", tuple((k, components if k == "components" else v) for k, v in dist.kwargs))
+    growth = dist.get("growth")
+    if not growth or not step:
+        return dist
+    mean = dist.get("mean") * (1 + growth) ** step
+    return Call(dist.func, tuple((k, mean if k == "mean" else v) for k, v in dist.kwargs))
 
 
 def _per_prompt(dist: Call, rng: random.Random) -> Call:
@@ -103,6 +137,16 @@ def _draw(dist: Call, cap: int, rng: random.Random, z: float) -> int:
 @functools.lru_cache(maxsize=64)
 def _params(dist: Call) -> dict:
     return dict(dist.kwargs)
+
+
+def draw_rewards(data: DataSpec, solve_rates: Call, step: int, prompt: int) -> list[float]:
+    """A group's verifiable rewards (1 solved, 0 not) for simulating dynamic sampling: the
+    prompt's solve rate p is drawn from `solve_rates` (beta(a, b)), each response solves it with
+    chance p, so the group is all-equal with chance p^group + (1-p)^group."""
+    rng = random.Random(f"{data.seed}/{data.name}/{step}/{prompt}/rewards")
+    p = _params(solve_rates)
+    rate = rng.betavariate(p["a"], p["b"])
+    return [float(rng.random() < rate) for _ in range(data.group)]
 
 
 # ---- agentic episodes ----------------------------------------------------------------------

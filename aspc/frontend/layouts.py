@@ -27,6 +27,7 @@ from aspc.frontend.compiler import Compilation, compile_source
 from aspc.frontend.diagnostics import AsplError, Diagnostic
 from aspc.frontend.formatter import format_program
 from aspc.ir.graph import Stage, StageGraph, StageKind
+from aspc.ir.layout import Layout, StageLayout
 from aspc.ir.span import Span
 
 BASELINE_SOURCE = "<colocated>"  # the file name the derived program's diagnostics point into
@@ -136,3 +137,49 @@ def _with_option(options: tuple[ast.Option, ...], name: str, value: int) -> tupl
     if any(o.name == name for o in options):
         return tuple(replace(o, value=ast.Int(value)) if o.name == name else o for o in options)
     return options if value == 1 else (ast.Option(name, ast.Int(value)), *options)
+
+
+# ---- a chosen layout written back as source (`aspc tune`, `simulate --best-layout`) ----
+LAYOUT_OPTIONS = ("instances", "tp", "pp", "dp", "cp", "ep")
+
+
+def apply_layout(program: ast.Program, layout: Layout, schedule: ast.Schedule | None = None) -> ast.Program:
+    """The program with the layout's pool sizes (a pool the layout drops removed, a new one added
+    after the last pool), each placed stage on its pool at its instances and parallel degrees, and
+    `schedule` (default: the program's, without `placement = auto`, since the layout is now written)."""
+    sizes = dict(layout.pools)
+    pools = [d for d in program.decls if isinstance(d, ast.Pool)]
+    moved = {s.stage for s in layout.stages}
+    used = {d.pool.name for d in program.decls if isinstance(d, ast.Stage) and d.pool and d.name not in moved}
+    added = [ast.Pool(name, pools[0].hardware, ast.Int(n)) for name, n in layout.pools
+             if name not in {p.name for p in pools}]
+    decls = []
+    for decl in program.decls:
+        if isinstance(decl, ast.Pool):
+            if decl.name in sizes:
+                decls.append(replace(decl, count=ast.Int(sizes[decl.name])))
+            elif decl.name in used:
+                decls.append(decl)
+            if decl is pools[-1]:
+                decls += added
+        elif isinstance(decl, ast.Stage) and layout.stage(decl.name) is not None:
+            decls.append(_placed(decl, layout.stage(decl.name)))
+        elif isinstance(decl, ast.Schedule):
+            decls.append(schedule or _written_placement(decl))
+        else:
+            decls.append(decl)
+    if schedule is not None and not any(isinstance(d, ast.Schedule) for d in decls):
+        decls.append(schedule)
+    return replace(program, decls=tuple(decls))
+
+
+def _placed(decl: ast.Stage, placed: StageLayout) -> ast.Stage:
+    options = decl.options
+    values = {"instances": placed.instances, **{k: getattr(placed.parallel, k) for k in LAYOUT_OPTIONS[1:]}}
+    for name in reversed(LAYOUT_OPTIONS):
+        options = _with_option(options, name, values[name])
+    return replace(decl, pool=ast.Name(placed.pool), options=options)
+
+
+def _written_placement(decl: ast.Schedule) -> ast.Schedule:
+    return replace(decl, options=tuple(o for o in decl.options if o.name != "placement"))

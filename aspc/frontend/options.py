@@ -7,7 +7,7 @@ from typing import Any
 
 from aspc.frontend import ast
 from aspc.frontend.diagnostics import DiagnosticSink, did_you_mean
-from aspc.frontend.schema import CALLS, LENGTH_CALLS, REQUIRED, OptionSpec
+from aspc.frontend.schema import CALLS, LENGTH_CALLS, OMITTED_UNSET, REQUIRED, OptionSpec
 from aspc.ir.span import Span
 from aspc.ir.values import Call
 
@@ -185,7 +185,8 @@ def read_call(call: ast.Call, sink: DiagnosticSink) -> Any:
     checked = read_options(bound + call.kwargs, params, f"{call.func}(...)", call.span, sink)
     if not checked.valid(*params):
         return INVALID
-    return Call(call.func, tuple(sorted(checked.values.items())))
+    values = {k: v for k, v in checked.values.items() if not (k in OMITTED_UNSET and v is None)}
+    return Call(call.func, tuple(sorted(values.items())))
 
 
 _MIXTURE_EXAMPLE = "e.g. mixture(lognormal(mean = 1k), fixed(length = 8k), weights = [0.7, 0.3])"

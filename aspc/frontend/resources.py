@@ -13,21 +13,30 @@ _DEVICE_OPTIONS = ("tp", "pp", "dp", "cp", "ep")  # the parallel degrees that sh
 
 
 def check_resources(graph: StageGraph, sink: DiagnosticSink) -> None:
+    placed = _auto_placed(graph)
     for stage in graph.stages():
         if stage.pool is None or stage.pool not in graph.pools:
             continue
-        if not _fits_pool(graph, stage, sink):
+        if stage.pool not in placed and not _fits_pool(graph, stage, sink):
             continue
         model = graph.models.get(stage.model)
         if model is None:
             continue
-        if _layout_ok(graph, stage, sink):
+        if _layout_ok(graph, stage, sink) and stage.pool not in placed:
             _fits_memory(graph, stage, sink)
         _warn_memory_share_on_cpu(graph, stage, sink)
     for stage in graph.stages_of(StageKind.TRAIN):
         _check_micro_tokens(graph, stage, sink)
-    if not sink.errors:
+    if not sink.errors and not placed:
         warn_idle_devices(graph, sink)
+
+
+def _auto_placed(graph: StageGraph) -> set[str]:
+    """Under `placement = auto` the pools of generation and training get their sizes and layouts from
+    the auto-place pass, which keeps to these same fit rules (passes/layout_space.py)."""
+    if graph.schedule is None or graph.schedule.option("placement") != "auto":
+        return set()
+    return {s.pool for s in graph.stages() if s.kind in (StageKind.GENERATE, StageKind.TRAIN) and s.pool}
 
 
 def _fits_pool(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> bool:

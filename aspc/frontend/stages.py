@@ -145,6 +145,8 @@ def _kind_options(decl, values: OptionValues, env: Resolved, data: str | None, s
         return _reward_options(decl, values, env, sink)
     if decl.kind == "train":
         return _train_options(decl, values, options, sink)
+    if decl.kind == "advantage":
+        return _advantage_options(values, options, sink)
     if decl.kind == "generate" and data in env.data:
         return _generate_options(values, options, env.data[data], sink)
     if decl.kind == "environment":
@@ -193,6 +195,48 @@ def _train_options(decl, values: OptionValues, options: dict, sink) -> dict | No
         return None
     if options["clip_high"] is None:
         options["clip_high"] = 0.28 if options["loss"] == "dapo" else options["clip"]
+    if _loss_options(values, options, sink) is None:
+        return None
+    return _filter_groups_options(values, options, sink)
+
+
+# dynamic sampling (aspc/controller/dynamic_sampling.py)
+FILTER_OPTIONS = ("filter_groups", "max_oversample", "solve_rates")
+DEFAULT_SOLVE_RATES = Call("beta", (("a", 0.5), ("b", 0.5)))  # an assumption, said in docs/language.md
+
+
+def _filter_groups_options(values: OptionValues, options: dict, sink) -> dict | None:
+    """Dynamic sampling's options are in the IR only when it is on (plans without it are unchanged)."""
+    if options["filter_groups"]:
+        options["max_oversample"] = 4.0 if options["max_oversample"] is None else options["max_oversample"]
+        options["solve_rates"] = options["solve_rates"] or DEFAULT_SOLVE_RATES
+        return options
+    for name in FILTER_OPTIONS[1:]:
+        if values.given(name):
+            sink.error(values.spans[name], f"'{name}' applies only with filter_groups = true",
+                       "add filter_groups = true, or remove it")
+            return None
+    return {k: v for k, v in options.items() if k not in FILTER_OPTIONS}
+
+
+def _loss_options(values: OptionValues, options: dict, sink) -> dict | None:
+    """The loss options stay in the IR only where written (plans without them are unchanged); one
+    that would have no effect is refused."""
+    if values.given("is_cap") and options["off_policy"] == "clip":
+        sink.error(values.spans["is_cap"], "'is_cap' has no effect with off_policy = clip",
+                   "remove it, or set off_policy = tis or decoupled")
+        return None
+    for spec in schema.LOSS_OPTIONS:
+        if not values.given(spec.name):
+            del options[spec.name]
+    return options
+
+
+def _advantage_options(values: OptionValues, options: dict, sink) -> dict | None:
+    if options["estimator"] == "rloo" and values.given("normalize") and options["normalize"]:
+        sink.error(values.spans["normalize"], "RLOO's leave-one-out advantages are not scaled: normalize = true "
+                   "would have no effect", "remove it, or use estimator = grpo to divide by the group's std")
+        return None
     return options
 
 

@@ -231,11 +231,26 @@ class WeightTransfer:
     transfer: TransferRoute
 
 
+@dataclass(frozen=True)
+class LayoutChoice:
+    """`auto-place` on GENERATE: the layout it chose (aspc/ir/layout.py), the cost model's
+    prediction for it (e2e tokens/s per device, bubble-free share), the written layout's, the best
+    runners-up, and why it wins (the binding side, what was pinned)."""
+
+    chosen: str
+    predicted_tps: float
+    predicted_efficiency: float
+    written_tps: float
+    runners_up: tuple[str, ...]
+    why: str
+
+
 # Stage field -> its record type, in the order they print.
 RESULTS: dict[str, type] = {
     "placement": Placement, "batching": Batching, "micro_batching": MicroBatchShape,
     "streaming": Streaming, "partial_rollout": PartialRollout, "channel": ChannelSpec,
     "dispatch": DispatchSpec, "weight_sync": WeightSyncSpec, "weight_transfer": WeightTransfer,
+    "layout": LayoutChoice,
 }
 
 
@@ -261,6 +276,7 @@ class Stage:
     dispatch: DispatchSpec | None = None
     weight_sync: WeightSyncSpec | None = None
     weight_transfer: WeightTransfer | None = None
+    layout: LayoutChoice | None = None
 
     def option(self, name: str, default: Any = None) -> Any:
         return dict(self.options).get(name, default)

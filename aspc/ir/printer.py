@@ -9,7 +9,7 @@ from dataclasses import fields
 from typing import Any
 
 from aspc.ir.facts import ModelArch
-from aspc.ir.graph import (Batching, ChannelSpec, DataSpec, DispatchSpec, MicroBatchShape, ModelSpec,
+from aspc.ir.graph import (Batching, ChannelSpec, DataSpec, DispatchSpec, LayoutChoice, MicroBatchShape, ModelSpec,
                            PartialRollout, Placement, PoolSpec, Stage, StageGraph, Streaming, WeightSyncSpec,
                            WeightTransfer)
 from aspc.ir.values import format_value
@@ -100,4 +100,8 @@ def _result(record: Any) -> str:
             return f"{mode} staleness={staleness}" + (" interrupt" if interrupt else "")
         case WeightTransfer(nbytes, src, dst, reshard, route):
             return f"{route} {nbytes} bytes, {src} -> {dst}" + (" reshard" if reshard else "")
+        case LayoutChoice(chosen, tps, efficiency, written, runners_up, why):
+            rest = "".join(f"; runner-up {r}" for r in runners_up)
+            return (f"auto {chosen} predicted {tps:.1f} tokens/s/device (bubble-free {efficiency:.0%}), written "
+                    f"{written:.1f}; {why}{rest}")
     raise TypeError(f"not a pass result: {record!r}")

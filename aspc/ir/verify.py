@@ -30,6 +30,7 @@ _RESULT_KINDS = {
     "dispatch": {StageKind.DISPATCH},
     "weight_sync": {StageKind.WEIGHT_SYNC},
     "weight_transfer": {StageKind.WEIGHT_SYNC},
+    "layout": {StageKind.GENERATE},
 }
 # the record a pass-inserted node cannot be without
 _REQUIRED = {StageKind.CHANNEL: "channel", StageKind.DISPATCH: "dispatch", StageKind.WEIGHT_SYNC: "weight_sync"}

@@ -147,6 +147,8 @@ class ExecutionPlan:
     channels: tuple[ChannelPlan, ...]
     dispatches: tuple[DispatchPlan, ...]
     weight_syncs: tuple[WeightSyncPlan, ...]
+    # runtime rebalancing of flexible generation instances (aspc/controller/rebalance.py)
+    rebalance: bool = dataclasses.field(default=False, metadata={"omit_if_default": True})
 
     def stage(self, name: str) -> StagePlan:
         return next(s for s in self.stages if s.name == name)
@@ -311,7 +313,7 @@ def _plan(graph: StageGraph, passes: str, stages: list[Stage]) -> ExecutionPlan:
         stages=tuple(_stage(graph, s) for s in stages if s.kind.value in _USER_KINDS),
         channels=tuple(channels),
         dispatches=tuple(_dispatch(s) for s in stages if s.kind is StageKind.DISPATCH),
-        weight_syncs=tuple(syncs))
+        weight_syncs=tuple(syncs), rebalance=bool(graph.schedule.option("rebalance")))
 
 
 _USER_KINDS = {"generate", "environment", "reward", "reference", "critic", "advantage", "train"}

@@ -1,9 +1,18 @@
-"""Executors on Ascend NPUs: a vllm-ascend engine per generation process, megatron-core models
-(through the MindSpeed adaptor) for train, reference and critic, forward-only models compiled
-with torchair. Every Ascend import is inside the function that runs on an NPU, so this module
-imports on any machine; `require_npu` says clearly what is missing.
+"""Executors on Ascend NPUs: one process of a launch plan. Every Ascend import is inside the function
+that runs on an NPU, so this module imports on any machine; `require_npu` says clearly what is
+missing.
 
     python -m aspc.backends.ascend.executors {generate|train|reference|critic} --plan launch.json ...
+
+What runs where:
+- generation instances are `VllmEngine`s (engine_actor.py) and the learner is rank 0 of the train
+  job, a `MegatronTrainer` behind a `Leader` (trainer_actor.py): the Ray driver holds them as actors
+  and the controller drives them through the executor roles, as it drives the CPU backend's;
+- the train job's other ranks are the processes this module starts with `--rank N` (N > 0): they
+  receive rank 0's settings, build their share of the model and `follow` every model call of
+  rank 0, in order, until it stops;
+- weights go from trainer to engines as weight_sync.py describes (vllm-ascend's HCCL broadcast of
+  Hugging Face tensors from rank 0; MindSpeed-RL's in-place reshard for colocated pools).
 """
 from __future__ import annotations
 
@@ -11,6 +20,8 @@ import argparse
 import json
 import os
 import sys
+
+from aspc.backends.ascend.trainer_actor import materialize  # noqa: F401  (the launch plan's dtypes, for tests)
 
 
 class AscendUnavailable(Exception):
@@ -37,53 +48,53 @@ def require_npu() -> None:
                                 f"(ASCEND_RT_VISIBLE_DEVICES={visible}). Meanwhile: {ALTERNATIVES}")
 
 
-def build_engine(stage: dict):
-    """A vllm-ascend engine from the launch plan's engine arguments."""
-    from vllm import LLM  # vllm-ascend registers itself as vLLM's platform plugin
+def hccl_sender(groups: dict):
+    """Rank 0's send over vllm-ascend's HCCL engine: `groups[instance]` is the PyHcclCommunicator
+    that HCCLWeightTransferEngine.trainer_init returned for that instance's weight-transfer group
+    (vllm_ascend/distributed/weight_transfer/hccl_engine.py)."""
+    from vllm_ascend.distributed.weight_transfer.hccl_engine import HCCLWeightTransferEngine
 
-    return LLM(**stage["config"])
+    from aspc.backends.ascend.weight_sync import named_tensors
 
+    def send(tensors: dict, instance: int) -> None:
+        HCCLWeightTransferEngine.trainer_send_weights(named_tensors(tensors), {"group": groups[instance], "src": 0})
 
-DTYPE_FIELDS = ("params_dtype", "pipeline_dtype")
-
-
-def materialize(config: dict) -> dict:
-    """The launch plan's JSON config with dtype names turned into torch dtypes."""
-    import torch
-
-    return {k: getattr(torch, v) if k in DTYPE_FIELDS else v for k, v in config.items()}
+    return send
 
 
-def build_megatron_model(stage: dict):
-    """A megatron-core GPTModel for this rank, after the MindSpeed adaptor has patched megatron."""
-    import mindspeed.megatron_adaptor  # noqa: F401  (patches megatron for Ascend; parses argv)
-    import torch
-    from megatron.core import parallel_state
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer.transformer_config import TransformerConfig
+def join_transfer_group(init_info: dict):
+    """Trainer rank 0 joins one instance's weight-transfer group as its rank 0 (the engine's workers
+    join at the same time through VllmEngine.connect)."""
+    from vllm_ascend.distributed.weight_transfer.hccl_engine import HCCLWeightTransferEngine
 
-    torch.distributed.init_process_group(backend="hccl")
-    config = materialize(stage["config"])
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=config["tensor_model_parallel_size"],
-        pipeline_model_parallel_size=config["pipeline_model_parallel_size"],
-        context_parallel_size=config["context_parallel_size"],
-        expert_model_parallel_size=config["expert_model_parallel_size"])
-    transformer = TransformerConfig(**config, activation_func=torch.nn.functional.silu)
-    return GPTModel(transformer, transformer_layer_spec=get_gpt_layer_local_spec(), **stage["model_args"])
+    return HCCLWeightTransferEngine.trainer_init(init_info)
 
 
-def compile_forward(model, compiler: dict):
-    """torch.compile with torchair's NPU backend (GE graph mode, static shapes)."""
-    import torch
-    import torchair
+def start_rank(stage: dict, rank_args: dict):
+    """Any rank of a megatron job: MindSpeed's adaptor with the plan's flags, the process groups,
+    then the trainer's settings from rank 0 (the first broadcast of the job)."""
+    from aspc.backends.ascend.trainer_actor import broadcast_call, import_mindspeed, initialize_parallel
 
-    from aspc.backends.ascend.compiler_options import apply_compiler_options
+    import_mindspeed(stage["builders"].get("mindspeed_argv", []))
+    initialize_parallel(stage["config"])
+    return broadcast_call(None)
 
-    config = apply_compiler_options(torchair.CompilerConfig(), compiler)
-    return torch.compile(model, backend=torchair.get_npu_backend(compiler_config=config),
-                         dynamic=compiler.get("dynamic", False))
+
+def run_follower(stage: dict, rank_args: dict, sync) -> int:
+    """A megatron rank other than 0: build its share of the model, then run rank 0's calls."""
+    from aspc.backends.ascend.trainer_actor import MegatronTrainer, follow
+
+    settings = start_rank(stage, rank_args)
+    trainer = MegatronTrainer(stage, rank_args, settings, reward_fn=None, sync=sync)
+    return follow(trainer)
+
+
+def build_engine(stage: dict, instance: int):
+    """A generation instance: vLLM's engine with the launch plan's arguments (vllm-ascend registers
+    itself as vLLM's platform plugin)."""
+    from aspc.backends.ascend.engine_actor import VllmEngine
+
+    return VllmEngine(stage, instance)
 
 
 def main(argv=None) -> int:
@@ -100,17 +111,26 @@ def main(argv=None) -> int:
         with open(args.plan, encoding="utf-8") as plan_file:
             launch = json.load(plan_file)
         stage = next(s for s in launch["stages"] if s["stage"] == args.stage)
-        if args.role == "generate":
-            build_engine(stage)
-        else:
-            model = build_megatron_model(stage)
-            if stage["compiler"]:
-                compile_forward(model, stage["compiler"])
+        if args.role == "generate" or args.rank == 0:
+            print(f"aspc: {args.role} {args.stage} (rank 0 / engines) runs as an actor of the controller: start it "
+                  f"with `aspc run FILE --backend ascend --runtime ray`", file=sys.stderr)
+            return 2
+        process = next(p for p in launch["processes"] if p["stage"] == args.stage and p["rank"] == args.rank)
+        ran = run_follower(stage, process["model_args"], _follower_sync(stage, process["world_size"]))
     except AscendUnavailable as error:
         print(f"aspc: {error}", file=sys.stderr)
         return 1
-    print(f"aspc: {args.role} process for stage {args.stage} is ready", file=sys.stderr)
+    print(f"aspc: {args.role} rank {args.rank} of stage {args.stage} ran {ran} calls and stopped", file=sys.stderr)
     return 0
+
+
+def _follower_sync(stage: dict, world_size: int):
+    """A follower's share in publishing weights: the stage's process groups, no sender."""
+    from aspc.backends.ascend.trainer_actor import SyncSetup, layout_of
+    from aspc.backends.ascend.weight_sync import TorchCommunicator
+
+    arch, parallel = layout_of(stage, world_size)
+    return SyncSetup(arch, parallel, TorchCommunicator(g for axis in stage["groups"].values() for g in axis))
 
 
 if __name__ == "__main__":

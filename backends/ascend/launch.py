@@ -7,19 +7,33 @@ import textwrap
 from collections import Counter
 
 from aspc.backends.ascend.lowering import LaunchPlan
+from aspc.backends.ascend.process_env import referenced_node
 
 
 def launch_script(plan: LaunchPlan) -> str:
     lines = [f"# {plan.pipeline} ({plan.schedule}): {plan.nodes} nodes, {len(plan.processes)} processes",
              "# write the launch plan next to this script: aspc compile FILE --backend ascend --emit launch "
              "-o launch.json"]
+    lines += [f"# MISSING CHECKPOINT: replace {p} in launch.json with a Hugging Face checkpoint directory of "
+              f"that model (or give the model one in the .aspl file: model NAME = hf(\"DIR\"))"
+              for p in plan.placeholders()]
+    if any(referenced_node(str(v)) is not None for p in plan.processes for v in p.env.values()):
+        lines += [f"# rendezvous addresses: set ASPC_NODES to the {plan.nodes} node addresses, node0 first, "
+                  "comma-separated (or compile with ASPC_NODES set to write them in)",
+                  f'IFS=, read -r -a NODE <<< "${{ASPC_NODES:?set ASPC_NODES to the {plan.nodes} node addresses, '
+                  'node0 first}"']
     for node in range(plan.nodes):
         lines.append(f"\n# ---- node{node} ----")
         for p in (p for p in plan.processes if p.node == node):
-            env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in sorted(p.env.items()))
+            env = " ".join(f"{k}={_shell_value(str(v))}" for k, v in sorted(p.env.items()))
             shared = "  # time-shared" if p.time_shared else ""
             lines.append(f"{env} {' '.join(shlex.quote(c) for c in p.command)} &{shared}")
     return "\n".join(lines) + "\n"
+
+
+def _shell_value(value: str) -> str:
+    """Quoted, except a node-address reference, which the shell must expand."""
+    return f'"{value}"' if referenced_node(value) is not None else shlex.quote(value)
 
 
 def launch_summary(plan: LaunchPlan) -> str:
@@ -29,22 +43,7 @@ def launch_summary(plan: LaunchPlan) -> str:
     lines = [f"# {plan.pipeline} ({plan.schedule}): {plan.nodes} nodes, {len(plan.processes)} processes, "
              f"{len(plan.stages)} stages, {len(plan.transfers)} weight transfers"]
     for stage in plan.stages:
-        procs = [p for p in plan.processes if p.stage == stage.stage]
-        shared = ", time-shared" if any(p.time_shared for p in procs) else ""
-        per = _values(Counter(len(p.devices) for p in procs))
-        lines.append(f"\nstage {stage.stage} ({stage.kind}, {stage.role}{shared}): "
-                     f"{len(procs)} processes x {per} NPUs, world size {_values(Counter(p.world_size for p in procs))}")
-        lines += _placement(procs)
-        lines += _commands([p.command for p in procs])
-        keys = sorted({k for p in procs for k in p.env})
-        lines += [f"  env {k}{_values(Counter(p.env.get(k, '<unset>') for p in procs), '=')}" for k in keys]
-        if stage.groups:
-            lines.append("  groups " + ", ".join(f"{axis} {len(g)}x{_values(Counter(len(x) for x in g))}"
-                                                 for axis, g in sorted(stage.groups.items())))
-        for label, value in (("config", stage.config), ("model_args", stage.model_args),
-                             ("compiler", stage.compiler), ("micro_batching", stage.micro_batching)):
-            if value:
-                lines += _wrapped(label, value)
+        lines += _stage_summary(stage, [p for p in plan.processes if p.stage == stage.stage])
     syncs = Counter((t.sync, t.src_stage, t.dst_stage) for t in plan.transfers)
     for (sync, src, dst), count in sorted(syncs.items()):
         ts = [t for t in plan.transfers if (t.sync, t.src_stage, t.dst_stage) == (sync, src, dst)]
@@ -52,6 +51,31 @@ def launch_summary(plan: LaunchPlan) -> str:
                      f"{len({t.src_rank for t in ts})} source ranks, {len({t.dst_instance for t in ts})} instances "
                      f"x {len({t.dst_tp_rank for t in ts})} tp ranks")
     return "\n".join(lines) + "\n"
+
+
+def _stage_summary(stage, procs) -> list[str]:
+    if not procs:
+        lines = [f"\nstage {stage.stage} ({stage.kind}, {stage.role}): no NPU processes"]
+        return lines + _wrapped("config", stage.config)
+    shared = ", time-shared" if any(p.time_shared for p in procs) else ""
+    per = _values(Counter(len(p.devices) for p in procs))
+    lines = [f"\nstage {stage.stage} ({stage.kind}, {stage.role}{shared}): "
+             f"{len(procs)} processes x {per} NPUs, world size {_values(Counter(p.world_size for p in procs))}"]
+    lines += _placement(procs)
+    lines += _commands([p.command for p in procs])
+    keys = sorted({k for p in procs for k in p.env})
+    lines += [f"  env {k}{_values(Counter(p.env.get(k, '<unset>') for p in procs), '=')}" for k in keys]
+    rank_args = sorted({k for p in procs for k in p.model_args})
+    lines += [f"  rank model_args {k}{_values(Counter(str(p.model_args.get(k)) for p in procs), '=')}"
+              for k in rank_args]
+    if stage.groups:
+        lines.append("  groups " + ", ".join(f"{axis} {len(g)}x{_values(Counter(len(x) for x in g))}"
+                                             for axis, g in sorted(stage.groups.items())))
+    for label, value in (("config", stage.config), ("model_args", stage.model_args), ("builders", stage.builders),
+                         ("compiler", stage.compiler), ("micro_batching", stage.micro_batching)):
+        if value:
+            lines += _wrapped(label, value)
+    return lines
 
 
 def _placement(procs) -> list[str]:

@@ -1,28 +1,30 @@
 """Execution plan -> launch plan: nodes, processes and ranks, per-process environment, HCCL
 process groups, vllm-ascend engine arguments, megatron-core model configs, torchair compiler
-options and the weight-sync transfers. Pure data; no Ascend software is imported here."""
+options and the weight-sync transfers. Pure data; no Ascend software is imported here. The
+engine arguments live in engine_args.py, the megatron ones in megatron_args.py, each with the
+sources they follow."""
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from aspc.backends.ascend import engine_args as vllm
+from aspc.backends.ascend import megatron_args as megatron
+from aspc.backends.ascend.checkpoint_settings import checkpoint_settings
+from aspc.backends.ascend.groups import process_groups, rank_coords
+from aspc.backends.ascend.process_env import ALLOC_ENV, HCCL_ENV, node_address, port_ranges
+from aspc.backends.ascend.topology import Device, device, pool_offsets, visible_devices
 from aspc.frontend.tool_schemas import SchemaError, tool_schemas
 from aspc.ir.facts import DTYPE_BYTES, ModelArch
-from aspc.plan.execution_plan import ExecutionPlan, ModelPlan, StagePlan, WeightSyncPlan
-from aspc.backends.ascend.groups import process_groups
-from aspc.controller.kinds import JUDGE_VERDICT_TOKENS
-from aspc.costmodel.roofline import parameters
-from aspc.backends.ascend.topology import Device, device, pool_offsets, visible_devices
+from aspc.plan.execution_plan import ExecutionPlan, StagePlan, WeightSyncPlan
 
-LAUNCH_VERSION = 1
-HCCL_ENV = {"HCCL_CONNECT_TIMEOUT": "1200", "HCCL_EXEC_TIMEOUT": "1800", "HCCL_BUFFSIZE": "200"}
-ALLOC_ENV = {"PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True"}
+LAUNCH_VERSION = 2
 MEGATRON_KINDS = ("train", "reference", "critic")
 BASE_PORT = 29500
-JUDGE_RUBRIC_TOKENS = 1024  # room for the rubric around the prompt and the response
+DP_BASE_PORT = 27000  # vLLM data-parallel rendezvous: 1000 a stage, 16 an instance
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class Process:
     time_shared: bool
     env: dict
     command: tuple[str, ...]
+    model_args: dict = field(default_factory=dict)  # this rank's GPTModel arguments (pre_process, post_process)
 
 
 @dataclass(frozen=True)
@@ -45,10 +48,12 @@ class StageLaunch:
     kind: str
     role: str
     groups: dict  # axis -> lists of ranks
-    config: dict  # megatron TransformerConfig fields, or vllm engine arguments
-    model_args: dict  # GPTModel arguments (megatron) or {} (vllm)
+    config: dict  # megatron TransformerConfig fields, or vllm engine arguments (LLM keyword arguments)
+    model_args: dict  # GPTModel arguments shared by every rank (megatron) or {} (vllm)
     compiler: dict | None  # torchair CompilerConfig for forward-only executors
-    micro_batching: dict | None
+    micro_batching: dict | None  # megatron: packing; engines: sampling and the weight refresh
+    # megatron: config_class, layer_spec {function, arguments}, mindspeed_argv, checkpoint
+    builders: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -75,50 +80,104 @@ class LaunchPlan:
         doc = {"format": "aspc.launch_plan", "version": LAUNCH_VERSION, **dataclasses.asdict(self)}
         return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
+    def placeholders(self) -> list[str]:
+        """Checkpoint directories the operator must supply (models without one)."""
+        found = {s.config.get("model") for s in self.stages} | {s.builders.get("checkpoint") for s in self.stages}
+        return sorted(p for p in found if isinstance(p, str) and p.startswith("<no-checkpoint:"))
 
-def lower(plan: ExecutionPlan, base_dir: Path | None = None) -> LaunchPlan:
+
+def lower(plan: ExecutionPlan, base_dir: Path | None = None,
+          node_addresses: tuple[str, ...] | None = None) -> LaunchPlan:
     """base_dir: the .aspl file's folder, against which checkpoint directories are resolved (vLLM's
     `model`) and where python tool modules are looked up first (for the schemas of hermes tools
-    that declare no parameters)."""
+    that declare no parameters). node_addresses: one per node, node0 first (ASPC_NODES); without
+    them, rendezvous addresses are references the launch script resolves."""
     offsets = pool_offsets(plan.pools)
-    processes, stages = [], []
+    placed, processes = [], []
     for index, stage in enumerate(s for s in plan.stages if s.pool is not None):
-        if stage.kind == "generate":
-            processes += _engine_processes(plan, stage, offsets[stage.pool])
-            stages.append(_engine_launch(plan, stage, base_dir))
-        elif stage.kind in MEGATRON_KINDS:
-            processes += _megatron_processes(stage, offsets[stage.pool], BASE_PORT + index)
-            stages.append(_megatron_launch(plan, stage))
-        elif _source_models(stage, "judge"):
-            processes += _engine_processes(plan, stage, offsets[stage.pool])
-            stages.append(_judge_launch(plan, stage, base_dir))
-        elif _source_models(stage, "model"):
-            processes += _megatron_processes(stage, offsets[stage.pool], BASE_PORT + index)
-            stages.append(_reward_model_launch(plan, stage))
+        role = _role(stage)
+        if role == "vllm-engine":
+            port = DP_BASE_PORT + 1000 * index
+            processes += _engine_processes(plan, stage, offsets[stage.pool], port, node_addresses)
+        elif role is not None:
+            processes += _megatron_processes(stage, offsets[stage.pool], BASE_PORT + index, node_addresses)
+        if role is not None:
+            placed.append(stage)
+    processes = _with_port_ranges(processes)
+    users = Counter((p.node, d) for p in processes for d in p.devices)
+    stages = [_stage_launch(plan, stage, base_dir, _sharers(stage, processes, users)) for stage in placed]
     stages += [_tool_runner_launch(stage, base_dir) for stage in plan.stages_of("environment")]
     transfers = [t for sync in plan.weight_syncs for t in _transfers(plan, sync)]
     nodes = max((p.node for p in processes), default=-1) + 1
     return LaunchPlan(plan.pipeline, plan.schedule, nodes, tuple(processes), tuple(stages), tuple(transfers))
 
 
-# ---- generation: vllm-ascend engines ----
-def _engine_processes(plan: ExecutionPlan, stage: StagePlan, offset: int) -> list[Process]:
-    """One engine process per data-parallel rank of each instance, holding tp x pp NPUs."""
+def _role(stage: StagePlan) -> str | None:
+    if stage.kind == "generate" or _source_models(stage, "judge"):
+        return "vllm-engine"
+    if stage.kind in MEGATRON_KINDS or _source_models(stage, "model"):
+        return "megatron"
+    return None
+
+
+def _stage_launch(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None, sharers: int) -> StageLaunch:
+    if stage.kind == "generate":
+        return _engine_launch(plan, stage, base_dir, sharers)
+    if stage.kind in MEGATRON_KINDS:
+        return _megatron_launch(plan, stage, base_dir)
+    if _source_models(stage, "judge"):
+        return _judge_launch(plan, stage, base_dir, sharers)
+    return _reward_model_launch(plan, stage, base_dir)
+
+
+def _sharers(stage: StagePlan, processes: list[Process], users: Counter) -> int:
+    """The most processes that hold one NPU of this stage's (time-shared pools: several)."""
+    return max((users[(p.node, d)] for p in processes if p.stage == stage.name for d in p.devices), default=1)
+
+
+def _with_port_ranges(processes: list[Process]) -> list[Process]:
+    """Processes on NPUs that other processes use too get HCCL socket port ranges of their own."""
+    users = Counter((p.node, d) for p in processes for d in p.devices)
+    slots: Counter = Counter()
+    out = []
+    for p in processes:
+        if any(users[(p.node, d)] > 1 for d in p.devices):
+            p = dataclasses.replace(p, env={**p.env, **port_ranges(slots[p.node])})
+            slots[p.node] += 1
+        out.append(p)
+    return out
+
+
+# ---- generation and judges: vllm-ascend engines ----
+def _engine_processes(plan: ExecutionPlan, stage: StagePlan, offset: int, port: int,
+                      addresses: tuple[str, ...] | None) -> list[Process]:
+    """One engine process per data-parallel rank of each instance, holding tp x pp NPUs of one node.
+    A MoE instance's data-parallel ranks form one vLLM data-parallel group (VLLM_DP_*)."""
     par = stage.parallel
     per_rank = par.tp * par.pp * par.cp
+    is_moe = bool(_engine_arch(plan, stage).experts)
+    refresh_env = vllm.RL_ENV if stage.kind == "generate" else {}
     out = []
     for inst in stage.instances:
-        for dp in range(par.dp):
-            first = inst.first_device + dp * per_rank
-            devs = [device(offset, first + k) for k in range(per_rank)]
-            node = _one_node(devs, stage.name)
-            env = {**HCCL_ENV, **ALLOC_ENV, "ASCEND_RT_VISIBLE_DEVICES": visible_devices(devs)}
-            name = f"{stage.name}.{inst.index}.dp{dp}"
+        ranks = [[device(offset, inst.first_device + dp * per_rank + k) for k in range(per_rank)]
+                 for dp in range(par.dp)]
+        nodes = [_one_node(devs, stage.name) for devs in ranks]
+        master = node_address(nodes[0], addresses)
+        for dp, devs in enumerate(ranks):
+            env = {**HCCL_ENV, **refresh_env, "ASCEND_RT_VISIBLE_DEVICES": visible_devices(devs),
+                   **vllm.data_parallel_env(is_moe, par.dp, dp, nodes[:dp].count(nodes[dp]), master,
+                                            port + 16 * inst.index)}
             command = ("python", "-m", "aspc.backends.ascend.executors", "generate", "--plan", "launch.json",
                        "--stage", stage.name, "--instance", str(inst.index), "--dp-rank", str(dp))
-            out.append(Process(name, stage.name, "vllm-engine", node, tuple(d.local for d in devs), dp, par.dp,
-                               stage.placement == "time_shared", env, command))
+            out.append(Process(f"{stage.name}.{inst.index}.dp{dp}", stage.name, "vllm-engine", nodes[dp],
+                               tuple(d.local for d in devs), dp, par.dp, stage.placement == "time_shared", env,
+                               command))
     return out
+
+
+def _engine_arch(plan: ExecutionPlan, stage: StagePlan) -> ModelArch:
+    name = stage.model if stage.kind == "generate" else vllm.judge_source(stage).get("model")
+    return plan.model(name).arch
 
 
 def _one_node(devs: list[Device], stage: str) -> int:
@@ -129,45 +188,21 @@ def _one_node(devs: list[Device], stage: str) -> int:
     return nodes.pop()
 
 
-def engine_model(model: ModelPlan, base_dir: Path | None) -> str:
-    """vLLM's `model`: the checkpoint directory (hf("DIR") or `checkpoint = "DIR"`), absolute when the
-    .aspl file's folder is known; without one, a marker that no directory exists (vLLM needs a
-    config.json directory even for load_format="dummy")."""
-    if not model.checkpoint:
-        return f"<no-checkpoint:{model.name}={model.preset}>"
-    return str((base_dir / model.checkpoint).resolve()) if base_dir is not None else model.checkpoint
-
-
-def _engine_launch(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None) -> StageLaunch:
-    model = plan.model(stage.model)
-    data = plan.dataset(stage.data)
+def _engine_launch(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None, sharers: int) -> StageLaunch:
     options = dict(stage.options)
-    par = stage.parallel
-    max_num_seqs, memory = _engine_limits(options)
-    args = {
-        "model": engine_model(model, base_dir), "dtype": _torch_dtype(model.dtype), "tensor_parallel_size": par.tp,
-        "pipeline_parallel_size": par.pp, "data_parallel_size": par.dp,
-        "enable_expert_parallel": par.ep > 1, "max_num_seqs": max_num_seqs,
-        "max_model_len": data.max_prompt + options["max_tokens"], "gpu_memory_utilization": memory,
-        "enforce_eager": not options.get("graph_mode", True), "enable_sleep_mode": stage.placement == "time_shared",
-        "load_format": "dummy", "seed": 0,
-    }
-    if options.get("graph_mode", True):
-        args["compilation_config"] = {"cudagraph_capture_sizes": _capture_sizes(max_num_seqs)}
-    refresh = "wake_up+reload_weights" if stage.placement == "time_shared" else "hccl_weight_transfer"
-    return StageLaunch(stage.name, stage.kind, "vllm-engine", {}, args, {}, None,
-                       {"weight_refresh": refresh, "sampling": {"temperature": options["temperature"],
-                                                                "top_p": options["top_p"],
-                                                                "max_tokens": options["max_tokens"]}})
+    sampling = {"temperature": options["temperature"], "top_p": options["top_p"], "max_tokens": options["max_tokens"]}
+    return StageLaunch(stage.name, stage.kind, "vllm-engine", {}, vllm.engine_args(plan, stage, base_dir, sharers),
+                       {}, None, {"weight_refresh": vllm.weight_refresh(stage), "sampling": sampling})
 
 
-def _engine_limits(options: dict) -> tuple[int, float]:
-    """vLLM's max_num_seqs (per data-parallel rank, as the stage's option counts it) and
-    gpu_memory_utilization: the generate stage's options, else the cost model's defaults, so that
-    the engine runs with what the simulator priced."""
-    defaults = parameters()
-    return (options.get("max_num_seqs") or defaults["generation"]["max_num_seqs_per_rank"],
-            options.get("gpu_memory_utilization") or defaults["efficiency"]["memory"])
+def _judge_launch(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None, sharers: int) -> StageLaunch:
+    """An LLM judge is a vllm-ascend engine like generation: greedy, a short verdict, top-5
+    log-probabilities; its weights are frozen (no refresh)."""
+    source = vllm.judge_source(stage)
+    sampling = {"temperature": 0.0, "max_tokens": vllm.JUDGE_VERDICT_TOKENS, "logprobs": 5}
+    policy = {"read": source.get("read"), "timeout_s": source.get("timeout"), "fallback_reward": source.get("fallback")}
+    return StageLaunch(stage.name, stage.kind, "vllm-engine", {}, vllm.judge_args(plan, stage, base_dir, sharers),
+                       {}, None, {"weight_refresh": None, "sampling": sampling, "calls": policy})
 
 
 # ---- reward sources on devices: a judge engine, a reward model ----
@@ -176,30 +211,6 @@ def _source_models(stage: StagePlan, func: str) -> list[str]:
     if stage.kind != "reward":
         return []
     return [source.get("model") for source in dict(stage.options).get("sources", ()) if source.func == func]
-
-
-def _judge_launch(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None) -> StageLaunch:
-    """An LLM judge is a vllm-ascend engine like generation: greedy, a short verdict, the rubric
-    around the prompt and response in its context; its weights are frozen (no refresh)."""
-    model = plan.model(_source_models(stage, "judge")[0])
-    gen = plan.stages_of("generate")[0]
-    data = plan.dataset(gen.data)
-    par = stage.parallel
-    context = JUDGE_RUBRIC_TOKENS + data.max_prompt + data.max_response + JUDGE_VERDICT_TOKENS
-    source = next(s for s in dict(stage.options)["sources"] if s.func == "judge")
-    calls = source.get("concurrency")  # the calls in flight on one engine: its batch
-    args = {
-        "model": engine_model(model, base_dir), "dtype": _torch_dtype(model.dtype), "tensor_parallel_size": par.tp,
-        "pipeline_parallel_size": par.pp, "data_parallel_size": par.dp, "enable_expert_parallel": par.ep > 1,
-        "max_num_seqs": calls, "max_model_len": context, "gpu_memory_utilization": 0.9, "enforce_eager": False,
-        "enable_sleep_mode": stage.placement == "time_shared", "seed": 0,
-        "load_format": "auto" if model.checkpoint else "dummy",  # frozen: its weights come from the directory
-        "compilation_config": {"cudagraph_capture_sizes": _capture_sizes(calls)},
-    }
-    sampling = {"temperature": 0.0, "max_tokens": JUDGE_VERDICT_TOKENS, "logprobs": 5}
-    policy = {"read": source.get("read"), "timeout_s": source.get("timeout"), "fallback_reward": source.get("fallback")}
-    return StageLaunch(stage.name, stage.kind, "vllm-engine", {}, args, {}, None,
-                       {"weight_refresh": "none (frozen judge)", "sampling": sampling, "calls": policy})
 
 
 def _tool_runner_launch(stage: StagePlan, base_dir: Path | None) -> StageLaunch:
@@ -227,105 +238,73 @@ def _tools_schema(options: dict, base_dir: Path | None) -> list[dict] | None:
         raise ValueError(f"{error.message} ({error.hint})" if error.hint else error.message) from None
 
 
-def _reward_model_launch(plan: ExecutionPlan, stage: StagePlan) -> StageLaunch:
+def _reward_model_launch(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None) -> StageLaunch:
     """A reward model is a megatron-core forward-only model with a scalar head read at each
     sequence's last token (as MindSpeed-RL's RewardWorker and verl's MegatronRewardModel run it),
     not a vLLM pooling runner: it shares the trainer's model code, parallel layouts and packing,
-    and needs no second inference stack on the NPUs."""
+    and needs no second inference stack on the NPUs. Hidden states out: no output layer."""
     model = plan.model(_source_models(stage, "model")[0])
-    config = transformer_config(model.arch, model.dtype, stage.parallel, False)
-    model_args = {"vocab_size": model.arch.vocab, "max_sequence_length": model.arch.max_seq,
-                  "position_embedding_type": "rope", "rotary_base": _rotary_base(model),
-                  "share_embeddings_and_output_weights": False, "post_process": False}  # hidden states out
     compiler = {"mode": "max-autotune", "experimental_config": {"frozen_parameter": True,
                                                                 "tiling_schedule_optimize": True},
                 "dynamic": True, "static_shapes": []}
     scoring = {"head": "linear(hidden, 1) on the last token of prompt + response", "packing": "none"}
+    config, model_args, builders = _megatron_model(model, stage, base_dir, False, model.arch.max_seq)
     return StageLaunch(stage.name, stage.kind, "megatron-forward", process_groups(stage.parallel), config,
-                       model_args, compiler, {"scoring": scoring})
-
-
-def _capture_sizes(max_num_seqs: int) -> list[int]:
-    """Decode batch sizes to capture as ACL graphs: 1, 2, 4, 8, then every 16 up to the cap."""
-    sizes = [1, 2, 4, 8] + list(range(16, max_num_seqs + 1, 16))
-    return [s for s in sizes if s <= max_num_seqs]
+                       model_args, compiler, {"scoring": scoring}, builders)  # each rank: post_process False
 
 
 # ---- train, reference, critic, reward models: megatron-core ----
-def _megatron_processes(stage: StagePlan, offset: int, port: int) -> list[Process]:
+def _megatron_processes(stage: StagePlan, offset: int, port: int,
+                        addresses: tuple[str, ...] | None) -> list[Process]:
     """One megatron job per instance (a train stage has one; a reward model may have several)."""
-    world = stage.parallel.devices
+    par = stage.parallel
+    world = par.devices
+    coords = rank_coords(par)
+    post_process = not _source_models(stage, "model")  # a reward model ends in hidden states
+    role = "megatron-train" if stage.kind in ("train", "critic") else "megatron-forward"
     out = []
     for inst in stage.instances:
         devs = [device(offset, inst.first_device + r) for r in range(world)]
-        master = f"node{devs[0].node}"
-        job_port = port + 100 * inst.index
+        master = node_address(devs[0].node, addresses)
         prefix = stage.name if len(stage.instances) == 1 else f"{stage.name}.{inst.index}"
         for rank, d in enumerate(devs):
             env = {**HCCL_ENV, **ALLOC_ENV, "ASCEND_RT_VISIBLE_DEVICES": str(d.local), "RANK": str(rank),
-                   "WORLD_SIZE": str(world), "LOCAL_RANK": "0", "MASTER_ADDR": master, "MASTER_PORT": str(job_port)}
-            role = "megatron-train" if stage.kind in ("train", "critic") else "megatron-forward"
+                   "WORLD_SIZE": str(world), "LOCAL_RANK": "0", "MASTER_ADDR": master,
+                   "MASTER_PORT": str(port + 100 * inst.index)}
             command = ("python", "-m", "aspc.backends.ascend.executors", stage.kind, "--plan", "launch.json",
                        "--stage", stage.name, "--rank", str(rank))
             if len(stage.instances) > 1:
                 command += ("--instance", str(inst.index))
             out.append(Process(f"{prefix}.rank{rank}", stage.name, role, d.node, (d.local,), rank, world,
-                               stage.placement == "time_shared", env, command))
+                               stage.placement == "time_shared", env, command,
+                               megatron.rank_model_args(coords[rank]["pp"], par.pp, post_process)))
     return out
 
 
-def _megatron_launch(plan: ExecutionPlan, stage: StagePlan) -> StageLaunch:
+def _megatron_launch(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None) -> StageLaunch:
     model = plan.model(stage.model)
-    options = dict(stage.options)
-    recompute = bool(options.get("recompute", False))
-    config = transformer_config(model.arch, model.dtype, stage.parallel, recompute)
-    model_args = {"vocab_size": model.arch.vocab, "max_sequence_length": model.arch.max_seq,
-                  "position_embedding_type": "rope", "rotary_base": _rotary_base(model),
-                  "share_embeddings_and_output_weights": model.arch.tied}
-    compiler = None
     mb = stage.micro_batching
+    config, model_args, builders = _megatron_model(model, stage, base_dir, bool(dict(stage.options).get("recompute")),
+                                                   mb.tokens)
+    compiler = None
     if stage.kind == "reference":
         compiler = {"mode": "max-autotune", "experimental_config": {"frozen_parameter": True,
                                                                     "tiling_schedule_optimize": True},
                     "dynamic": False, "static_shapes": list(mb.buckets) or [mb.tokens]}
     micro = {"tokens": mb.tokens, "buckets": list(mb.buckets), "padding": mb.padding, "balance": mb.balance}
     return StageLaunch(stage.name, stage.kind, "megatron-train" if stage.kind != "reference" else "megatron-forward",
-                       process_groups(stage.parallel), config, model_args, compiler, micro)
+                       process_groups(stage.parallel), config, model_args, compiler, micro, builders)
 
 
-def transformer_config(arch: ModelArch, dtype: str, par, recompute: bool) -> dict[str, Any]:
-    """Fields of megatron-core's TransformerConfig (MLATransformerConfig for MLA models)."""
-    config = {
-        "num_layers": arch.layers, "hidden_size": arch.hidden, "num_attention_heads": arch.heads,
-        "num_query_groups": arch.kv_heads, "kv_channels": arch.head_dim, "ffn_hidden_size": arch.ffn,
-        "normalization": "RMSNorm", "gated_linear_unit": True, "add_bias_linear": False,
-        "add_qkv_bias": arch.qkv_bias, "bf16": dtype == "bf16", "fp16": dtype == "fp16",
-        "tensor_model_parallel_size": par.tp, "pipeline_model_parallel_size": par.pp,
-        "context_parallel_size": par.cp, "expert_model_parallel_size": par.ep,
-        "sequence_parallel": par.tp > 1, "params_dtype": _torch_dtype(dtype),
-    }
-    if par.pp > 1:
-        config["pipeline_dtype"] = _torch_dtype(dtype)
-    if recompute:
-        config |= {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
-    if arch.experts:
-        config |= {"num_moe_experts": arch.experts, "moe_router_topk": arch.top_k,
-                   "moe_ffn_hidden_size": arch.expert_ffn, "moe_grouped_gemm": True,
-                   "moe_token_dispatcher_type": "alltoall"}
-        if arch.shared_experts:
-            config["moe_shared_expert_intermediate_size"] = arch.shared_experts * arch.expert_ffn
-        if arch.dense_layers:
-            config["moe_layer_freq"] = [0] * arch.dense_layers + [1] * (arch.layers - arch.dense_layers)
-    if arch.attention == "mla":
-        config |= {"multi_latent_attention": True, "q_lora_rank": arch.q_lora_rank,
-                   "kv_lora_rank": arch.kv_lora_rank, "qk_head_dim": arch.head_dim - arch.qk_rope_dim,
-                   "qk_pos_emb_head_dim": arch.qk_rope_dim, "v_head_dim": arch.v_head_dim}
-        config.pop("kv_channels")
-    return config
-
-
-def _torch_dtype(dtype: str) -> str:
-    return {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype]
+def _megatron_model(model, stage: StagePlan, base_dir: Path | None, recompute: bool, seq_length: int):
+    """TransformerConfig fields, GPTModel arguments and how to build them, for one stage's model."""
+    settings = checkpoint_settings(model)
+    arch, par = model.arch, stage.parallel
+    config = megatron.transformer_config(arch, model.dtype, par, recompute, settings)
+    builders = {"config_class": megatron.config_class(arch), "layer_spec": megatron.layer_spec(arch, settings),
+                "mindspeed_argv": megatron.mindspeed_argv(par, seq_length),
+                "checkpoint": vllm.engine_model(model, base_dir)}
+    return config, megatron.model_args(arch, settings, arch.tied), builders
 
 
 # ---- weight sync ----
@@ -350,10 +329,3 @@ def _transfers(plan: ExecutionPlan, sync: WeightSyncPlan) -> list[Transfer]:
 
 def weight_bytes(arch: ModelArch, dtype: str) -> int:
     return arch.total_params() * DTYPE_BYTES[dtype]
-
-
-def _rotary_base(model: ModelPlan) -> float:
-    """RoPE's base: config.json's for hf(...) models; the presets' (Qwen) and custom models'."""
-    if model.preset == "hf":
-        return model.arch.rope_theta
-    return 1_000_000 if model.preset != "custom" else 10_000

@@ -44,11 +44,13 @@ def gather_responses(per_position: torch.Tensor, batch: Batch) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def token_logprobs(model: TinyQwen, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probabilities of the response tokens, and the entropy at each response position."""
+def token_logprobs(model: TinyQwen, batch: Batch, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities of the response tokens, and the entropy at each response position, of the
+    distribution the tokens were sampled from: the logits divided by the sampling temperature (as
+    TRL and verl do; temperature 0, greedy, reads the plain logits)."""
     logits = gather_responses(model(batch.tokens, batch.positions, batch.mask), batch)
     targets = gather_responses(torch.roll(batch.tokens, -1, dims=1), batch)
-    logp_all = torch.log_softmax(logits.float(), -1)
+    logp_all = torch.log_softmax(logits.float() / (temperature or 1.0), -1)
     logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy

@@ -150,7 +150,8 @@ class EpisodeGenerator(BatchGenerator):
     def _finish(self, slot: int, seq: Sequence) -> Finished:
         self.active.pop(slot, None)
         self.held.pop(slot, None)
-        return Finished(seq.key, seq.prompt, seq.response, seq.logprobs, list(seq.mask), asdict(seq.episode))
+        return Finished(seq.key, seq.prompt, seq.response, seq.logprobs, list(seq.mask), asdict(seq.episode),
+                        seq.version)
 
 
 def _in_vocabulary(text: str) -> str:

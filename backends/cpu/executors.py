@@ -10,10 +10,11 @@ from pathlib import Path
 from aspc.backends.cpu import agentic, checkpoint
 from aspc.backends.cpu.checkpoint import CheckpointError
 from aspc.backends.cpu.data import DataError, Prompt, PromptSource
-from aspc.backends.cpu.generator import BatchGenerator
+from aspc.backends.cpu.generator import BatchGenerator, PolicyWeights
 from aspc.backends.cpu.hf_tokenizer import HfTokenizer
 from aspc.backends.cpu.hf_weights import load_hf_model
 from aspc.backends.cpu.learner import Learner, Rollout, TrainSettings
+from aspc.backends.cpu.losses import LOSS_DEFAULTS
 from aspc.backends.cpu.model import TinyQwen
 from aspc.backends.cpu.judge import TRAIN_HINT as JUDGE_HINT
 from aspc.backends.cpu.judge import load_judge
@@ -79,8 +80,9 @@ class CpuExecutors:
         warm_start(self.actor, self.prompts, steps, on_step=on_step, demo=demo, demo_every=agentic.DEMO_EVERY,
                    tokenizer=self.tokenizer)
 
-    def snapshot(self) -> dict:
-        return copy.deepcopy(self.actor.state_dict())
+    def snapshot(self) -> PolicyWeights:
+        """The weights generation starts from (version 0: the learner has taken no step yet)."""
+        return PolicyWeights(0, copy.deepcopy(self.actor.state_dict()))
 
     def generation_engine(self, index: int, instances: int) -> BatchGenerator:
         """Instance `index` of `instances` (all alike on a CPU)."""
@@ -110,7 +112,7 @@ class CpuExecutors:
             sources = dict(self.plan.stage(stage).options)["sources"]
             models = {name: copy.deepcopy(model) for name, model in self.reward_models.items()}
             settings = self._settings()
-            shaping = Shaping(settings.overlong if settings.loss == "dapo" else 0, settings.max_tokens)
+            shaping = Shaping(settings.overlong, settings.max_tokens)
             self.scorers[key] = RewardScorer(build_terms(sources, models, self.base_dir), shaping)
         return self.scorers[key]
 
@@ -123,7 +125,7 @@ class CpuExecutors:
 
     def rollout(self, sample, finished, prompt: Prompt) -> Rollout:
         rollout = Rollout(finished.prompt, finished.response, finished.logprobs, prompt.text, prompt.answer,
-                          prompt.metadata, key=sample)
+                          prompt.metadata, key=sample, policy_version=finished.version)
         if finished.episode is not None:
             rollout.loss_mask, rollout.episode = finished.mask, finished.episode
             rollout.text = agentic.final_answer(finished.response, finished.mask)
@@ -211,16 +213,19 @@ class CpuExecutors:
         return build_model(self.plan.model(stages[0].model), self.base_dir, self.seed + 2, value_head=True)
 
     def _settings(self) -> TrainSettings:
-        t = dict(self.train_stage.options)
+        t = LOSS_DEFAULTS | dict(self.train_stage.options)  # the IR leaves these out at their defaults
         adv = dict(self.plan.stages_of("advantage")[0].options)
         critic = self.plan.stages_of("critic")
+        generate = dict(self.gen_stage.options)
         return TrainSettings(
             loss=t["loss"], lr=t["lr"], kl=t["kl"], clip=t["clip"], clip_high=t["clip_high"],
             value_coef=t["value_coef"], entropy_coef=t["entropy_coef"], micro_tokens=t["micro_tokens"],
             weight_decay=t["weight_decay"], grad_clip=t["grad_clip"], overlong=t["overlong"],
             max_tokens=dict(self.gen_stage.options)["max_tokens"], estimator=adv["estimator"],
             gamma=adv["gamma"], lam=adv["lam"], normalize=adv["normalize"], group=self.data.group,
-            critic_lr=dict(critic[0].options)["lr"] if critic else 1e-5)
+            critic_lr=dict(critic[0].options)["lr"] if critic else 1e-5, loss_agg=t["loss_agg"],
+            off_policy=t["off_policy"], is_cap=t["is_cap"],
+            value_clip=t["value_clip"], temperature=generate["temperature"])
 
 
 def checkpoint_dir(model: ModelPlan, base_dir: Path | None) -> Path:
@@ -242,6 +247,10 @@ def unsupported_stages(plan: ExecutionPlan) -> list[StageRefusal]:
         if stage.kind == "train" and dict(stage.options).get("epochs", 1) != 1:
             found.append(StageRefusal(stage.name, f"stage '{stage.name}': the CPU backend trains one epoch per "
                                                   "step", "set epochs = 1", "epochs"))
+        if stage.kind == "train" and dict(stage.options).get("value_clip") and not plan.stages_of("critic"):
+            found.append(StageRefusal(stage.name, f"stage '{stage.name}': value_clip clips a critic's predictions, "
+                                                  "and this pipeline has no critic stage",
+                                      "remove value_clip, or add a critic stage", "value_clip"))
         if stage.kind == "environment" and dict(stage.options)["format"] != "compact":
             found.append(StageRefusal(stage.name, f"stage '{stage.name}': the CPU backend's tiny tokenizer "
                                                   "writes compact tool calls only", "set format = compact",

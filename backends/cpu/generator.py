@@ -1,7 +1,9 @@
 """Generation with a KV cache: continuous batching (a finished sequence leaves its slot and a
 waiting one takes it at once) or static batches (the sync-naive baseline: a batch admits nothing
 until its longest member ends). Sampling is seeded per sample, so a sample's tokens do not depend
-on which other sequences share its batch."""
+on which other sequences share its batch. Each token's log-probability is recorded under the
+distribution it was sampled from (the logits over the temperature): the rollout log-probs that
+off-policy correction weighs a stale sample by."""
 from __future__ import annotations
 
 from collections import deque
@@ -11,6 +13,15 @@ import torch
 
 from aspc.backends.cpu.model import KVCache, TinyQwen, cache_mask
 from aspc.backends.cpu.tokenizer import EOS
+
+
+@dataclass(frozen=True)
+class PolicyWeights:
+    """A published policy: its weights and how many optimizer steps the learner had taken (the
+    learner counts from its own start, so staleness is the difference of two such counts)."""
+
+    version: int
+    state: dict
 
 
 @dataclass
@@ -25,6 +36,7 @@ class Sequence:
     mask: list[int] = field(default_factory=list)  # 1: a token the model wrote; 0: a tool's (agentic episodes)
     episode: object = None  # an agentic episode's state (episodes.py)
     turn_start: int = 0  # where the current model turn starts in the response
+    version: int = 0  # the policy version it started generating under (PolicyWeights.version)
 
 
 
@@ -36,6 +48,7 @@ class Finished:
     logprobs: list[float]  # behaviour-policy log-probabilities of the response tokens
     mask: list[int] | None = None  # agentic: 1 where the model wrote the token, 0 where a tool did
     episode: dict | None = None  # agentic: how the episode went (turns, tool calls, why it ended)
+    version: int = 0  # the policy version it started generating under (PolicyWeights.version)
 
 
 class BatchGenerator:
@@ -48,9 +61,10 @@ class BatchGenerator:
         self.waiting: deque[Sequence] = deque()
         self.active: dict[int, Sequence] = {}
         self.held: dict[int, Sequence] = {}  # slots whose sequence waits (on a tool call), keeping its KV
+        self.version = 0  # of the weights loaded (PolicyWeights.version; 0: the engine's first weights)
 
     def add(self, key: tuple, prompt: list[int], seed: int) -> None:
-        self.waiting.append(Sequence(key, prompt, seed))
+        self.waiting.append(Sequence(key, prompt, seed, version=self.version))
 
     @property
     def busy(self) -> bool:
@@ -91,7 +105,7 @@ class BatchGenerator:
             self._sample(seq, logits[0, -1])
 
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> None:
-        logp = torch.log_softmax(logits.float(), -1)
+        logp = torch.log_softmax(logits.float() / (self.temperature or 1.0), -1)
         if self.temperature == 0:
             token = int(logp.argmax())
         else:
@@ -110,12 +124,14 @@ class BatchGenerator:
             full = len(seq.prompt) + len(seq.response) >= limit
             if seq.response[-1] in self.eos_ids or len(seq.response) >= self.max_tokens or full:
                 del self.active[slot]
-                done.append(Finished(seq.key, seq.prompt, seq.response, seq.logprobs))
+                done.append(Finished(seq.key, seq.prompt, seq.response, seq.logprobs, version=seq.version))
         return done
 
-    def load_weights(self, state: dict) -> None:
+    def load_weights(self, weights: PolicyWeights | dict) -> None:
         """New policy weights; in-flight sequences continue under them (partial rollout)."""
-        self.model.load_state_dict(state)
+        if isinstance(weights, PolicyWeights):
+            self.version, weights = weights.version, weights.state
+        self.model.load_state_dict(weights)
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:

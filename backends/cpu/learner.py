@@ -1,5 +1,8 @@
 """The CPU learner: rewards, reference log-probs, critic values and the policy update, per
-streamed unit of samples; the optimizer step once per training step."""
+streamed unit of samples; the optimizer step once per training step.
+
+The policy at the start of a train step is its proximal policy (AReaL): the weights change only at
+the optimizer step, so its log-probs are the current ones, detached, with no extra forward."""
 from __future__ import annotations
 
 import copy
@@ -8,7 +11,10 @@ from dataclasses import dataclass, field
 import torch
 
 from aspc.backends.cpu.batching import make_batch, token_logprobs, token_values
-from aspc.backends.cpu.losses import gae, group_advantages, overlong_penalty, policy_loss
+from aspc.backends.cpu.generator import PolicyWeights
+from aspc.backends.cpu.losses import (LOSS_DEFAULTS, aggregate, default_aggregation, gae, group_advantages,
+                                      off_policy_correction, overlong_penalty, policy_loss, step_divisor, value_loss,
+                                      whiten)
 from aspc.algorithms.packing import first_fit_decreasing
 
 
@@ -31,6 +37,7 @@ class Rollout:
     loss_mask: list[int] | None = None  # agentic: 0 on tool tokens, which no loss term counts
     episode: dict | None = None  # agentic: turns, tool calls, why it ended (aspc/controller/episodes.py)
     text: str | None = None  # what the reward reads (agentic: the final answer); None: the whole response
+    policy_version: int = 0  # the policy it was generated under (PolicyWeights.version)
 
 
 @dataclass
@@ -53,6 +60,15 @@ class TrainSettings:
     normalize: bool
     group: int
     critic_lr: float = 1e-5
+    loss_agg: str | None = LOSS_DEFAULTS["loss_agg"]  # None: by loss (default_aggregation)
+    off_policy: str = LOSS_DEFAULTS["off_policy"]  # clip | tis | decoupled
+    is_cap: float = LOSS_DEFAULTS["is_cap"]
+    value_clip: float = LOSS_DEFAULTS["value_clip"]  # 0: off
+    temperature: float = 1.0  # the sampling temperature: log-probs are of the logits over it
+
+    @property
+    def aggregation(self) -> str:
+        return self.loss_agg or default_aggregation(self.loss)
 
 
 class Learner:
@@ -62,8 +78,9 @@ class Learner:
         self.optimizer = torch.optim.AdamW(actor.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
         self.critic_optimizer = None if critic is None else torch.optim.AdamW(critic.parameters(),
                                                                               lr=settings.critic_lr)
-        self.shaped = settings.loss == "dapo" and settings.overlong > 0  # DAPO's overlong shaping
+        self.shaped = settings.overlong > 0  # DAPO's overlong shaping (any loss)
         self.step_stats = _StepStats(self.shaped)
+        self.version = 0  # optimizer steps taken: the version of the weights it publishes next
 
     # ---- forward stages ----
     def reward(self, rollouts: list[Rollout]) -> None:
@@ -77,7 +94,7 @@ class Learner:
     def reference(self, rollouts: list[Rollout]) -> None:
         for chunk in self._micro_batches(rollouts):
             batch = make_batch([(r.prompt, r.response) for r in chunk])
-            logp, _ = token_logprobs(self.ref, batch)
+            logp, _ = token_logprobs(self.ref, batch, self.s.temperature)
             for r, row, n in zip(chunk, logp, batch.lengths):
                 r.ref_logprobs = row[:n].tolist()
 
@@ -99,46 +116,55 @@ class Learner:
             mask = batch.response_mask()
             if chunk[0].loss_mask is not None:  # tool tokens: attended to, in no loss term
                 mask = mask * _pad([r.loss_mask for r in chunk], batch.width)
-            logp, entropy = token_logprobs(self.actor, batch)
-            old = _pad([r.behaviour_logprobs for r in chunk], batch.width)
+            logp, entropy = token_logprobs(self.actor, batch, self.s.temperature)
+            rollout = _pad([r.behaviour_logprobs for r in chunk], batch.width)
+            correction = off_policy_correction(logp.detach(), rollout, self.s.off_policy, self.s.is_cap)
             ref = _pad([r.ref_logprobs for r in chunk], batch.width) if chunk[0].ref_logprobs is not None else None
             adv = _pad([token_adv[i] for i in chunk_idx], batch.width)
-            loss, info = policy_loss(logp, old, ref, adv, mask, self.s.loss, self.s.clip, self.s.clip_high, self.s.kl)
-            if self.s.entropy_coef:
-                loss = loss - self.s.entropy_coef * (entropy * mask).sum()
+            loss, info = policy_loss(logp, correction.old_logp, ref, adv, mask, self.s.loss, self.s.clip,
+                                     self.s.clip_high, self.s.kl, self.s.aggregation, correction.weights)
+            if self.s.entropy_coef:  # aggregated as the policy loss is (verl compute_entropy_loss)
+                loss = loss - self.s.entropy_coef * aggregate(entropy, mask, self.s.aggregation)
             loss.backward()
             if self.critic is not None:
-                self._value_loss(chunk, batch, mask, [returns[i] for i in chunk_idx])
-            self.step_stats.add(chunk, float(loss.detach()), float(mask.sum()), info["clip_fraction"])
+                self.step_stats.value_loss += self._value_loss(chunk, batch, mask, [returns[i] for i in chunk_idx])
+            self.step_stats.add(chunk, float(loss.detach()), float(mask.sum()), info["clipped_tokens"])
+            self.step_stats.add_weights([self.version - r.policy_version for r in chunk], correction, mask)
 
     def _advantages(self, rollouts: list[Rollout]):
         if self.s.estimator == "gae":
             pairs = [gae(r.reward, r.values, self.s.gamma, self.s.lam) if not r.masked
                      else ([0.0] * len(r.values), list(r.values)) for r in rollouts]
-            return [a for a, _ in pairs], [ret for _, ret in pairs]
+            advantages = [a for a, _ in pairs]
+            if self.s.normalize:  # whitened over the unit trained together (verl compute_gae_advantage_return)
+                advantages = whiten(advantages, [r.masked for r in rollouts])
+            return advantages, [ret for _, ret in pairs]
         scalar = group_advantages([r.reward for r in rollouts], self.s.group, self.s.estimator, self.s.normalize,
                                   [r.masked for r in rollouts])
         return [[a] * len(r.response) for a, r in zip(scalar, rollouts)], [None] * len(rollouts)
 
-    def _value_loss(self, chunk, batch, mask, returns) -> None:
+    def _value_loss(self, chunk, batch, mask, returns) -> float:
+        """Back-propagate the micro-batch's summed value loss; return it (times value_coef)."""
         values = token_values(self.critic, batch)
-        target = _pad(returns, batch.width)
-        loss = 0.5 * self.s.value_coef * (((values - target) ** 2) * mask).sum()
+        old = _pad([r.values for r in chunk], batch.width)
+        loss = self.s.value_coef * value_loss(values, old, _pad(returns, batch.width), mask, self.s.value_clip)
         loss.backward()
+        return float(loss.detach())
 
     def optimizer_step(self) -> dict:
-        """Divide the summed gradients by the step's sequences (grpo) or tokens (ppo, dapo), clip, step."""
+        """Divide the summed gradients by the step's divisor (losses.step_divisor), clip, step."""
         stats = self.step_stats
-        scale = stats.sequences if self.s.loss == "grpo" else max(stats.tokens, 1)
+        scale = step_divisor(self.s.aggregation, stats.sequences, stats.tokens, self.s.max_tokens)
         norm = _step(self.actor, self.optimizer, scale, self.s.grad_clip)
         if self.critic is not None:
             _step(self.critic, self.critic_optimizer, max(stats.tokens, 1), self.s.grad_clip)
-        summary = stats.summary() | {"grad_norm": norm}
+        summary = stats.summary(scale, self.critic is not None) | {"grad_norm": norm}
         self.step_stats = _StepStats(self.shaped)
+        self.version += 1
         return summary
 
-    def snapshot(self) -> dict:
-        return copy.deepcopy(self.actor.state_dict())
+    def snapshot(self) -> PolicyWeights:
+        return PolicyWeights(self.version, copy.deepcopy(self.actor.state_dict()))
 
     def _micro_batch_indices(self, rollouts: list[Rollout]) -> list[list[int]]:
         lengths = [len(r.prompt) + len(r.response) for r in rollouts]
@@ -152,7 +178,8 @@ class Learner:
 class _StepStats:
     def __init__(self, shaped: bool = False):
         self.sequences = self.tokens = 0
-        self.loss = self.clip = 0.0
+        self.loss = self.clipped = self.value_loss = 0.0  # sums over the step's micro-batches
+        self.weights: dict[int, list[float]] = {}  # staleness -> [weight sum, tokens, capped tokens]
         self.rewards: list[float] = []  # the task's reward, as the reward functions gave it
         self.shaped_rewards: list[float] = []  # with shaping, as the advantage saw it
         self.shaped = shaped
@@ -160,24 +187,42 @@ class _StepStats:
         self.failed = 0  # samples whose score failed (masked, with the fallback reward)
         self.episodes: list[dict] = []  # agentic episodes trained this step
 
-    def add(self, chunk, loss: float, tokens: float, clip_fraction: float) -> None:
+    def add(self, chunk, loss: float, tokens: float, clipped_tokens: float) -> None:
         self.sequences += len(chunk)
         self.tokens += int(tokens)
         self.loss += loss
-        self.clip += clip_fraction * len(chunk)
+        self.clipped += clipped_tokens
         self.rewards += [r.task_reward for r in chunk if not r.masked]
         self.shaped_rewards += [r.reward for r in chunk if not r.masked]
         self.failed += sum(r.masked for r in chunk)
         self.episodes += [r.episode for r in chunk if r.episode is not None]
         self.lengths += [len(r.response) for r in chunk]
 
-    def summary(self) -> dict:
+    def add_weights(self, staleness: list[int], correction, mask) -> None:
+        """Per staleness, the importance weights pi_proximal / pi_rollout of the trained tokens."""
+        raw, capped = correction.raw * mask, correction.capped * mask
+        for row, stale in enumerate(staleness):
+            total = self.weights.setdefault(stale, [0.0, 0.0, 0.0])
+            total[0] += float(raw[row].sum())
+            total[1] += float(mask[row].sum())
+            total[2] += float(capped[row].sum())
+
+    def summary(self, divisor: float, critic: bool) -> dict:
+        """`loss`: the loss the step optimised (its gradient is the one applied)."""
         n, scored = max(self.sequences, 1), max(len(self.rewards), 1)  # the reward: of scored samples
         shaped = {"shaped_reward": sum(self.shaped_rewards) / scored} if self.shaped else {}
         failed = {"score_failed": self.failed} if self.failed else {}
+        value = {"value_loss": self.value_loss / max(self.tokens, 1)} if critic else {}
         return {"reward": sum(self.rewards) / scored, **shaped, "response_len": sum(self.lengths) / n,
-                "loss": self.loss / n, "clip_fraction": self.clip / n, "samples": self.sequences, **failed,
-                **episode_metrics(self.episodes)}
+                "loss": self.loss / divisor, **value, "clip_fraction": self.clipped / max(self.tokens, 1),
+                "samples": self.sequences, **failed, **self._weight_metrics(), **episode_metrics(self.episodes)}
+
+    def _weight_metrics(self) -> dict:
+        """is_weight: the mean weight per staleness (1 when nothing changed since generation);
+        is_capped: the fraction of those tokens whose weight the cap truncated or dropped."""
+        rows = sorted((s, w) for s, w in self.weights.items() if w[1] > 0)
+        return {"is_weight": {str(s): w[0] / w[1] for s, w in rows},
+                "is_capped": {str(s): w[2] / w[1] for s, w in rows}} if rows else {}
 
 
 def model_tokens(r: Rollout) -> int:

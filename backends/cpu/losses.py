@@ -1,8 +1,28 @@
-"""Advantages and losses: GRPO, PPO (clipped, with GAE and a value loss) and DAPO (decoupled
-clip, token-level aggregation, overlong shaping), with a KL penalty to the reference."""
+"""Advantages and losses: GRPO, PPO (clipped, with GAE and a clipped value loss) and DAPO (decoupled
+clip, token-level aggregation, overlong shaping), a KL penalty to the reference, an entropy bonus,
+and off-policy correction of stale samples (truncated importance sampling, or AReaL's decoupled
+objective with a proximal policy).
+
+Each loss here is a micro-batch *sum*; `step_divisor` is what the trainer divides the step's summed
+gradients by, so that accumulation over micro-batches and streamed units is exact.
+tests/test_losses_reference.py checks every function against the TRL / verl formula it follows."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+LOG_RATIO_BOUND = 20.0  # verl compute_policy_loss_vanilla: log(pi / pi_old) clamped to +-20 before exp
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
+OFF_POLICY = ("clip", "tis", "decoupled")
+# The train options the IR leaves out at their defaults (aspc/frontend/schema.py says the same;
+# tests/test_off_policy.py checks that both agree). loss_agg: None = by loss (default_aggregation).
+LOSS_DEFAULTS = {"loss_agg": None, "off_policy": "clip", "is_cap": 2.0, "value_clip": 0.0}
+
+
+def default_aggregation(loss: str) -> str:
+    """GRPO: a mean per sequence, then over sequences; PPO and DAPO: a mean over the step's tokens."""
+    return "seq_mean_token_mean" if loss == "grpo" else "token_mean"
 
 
 def group_advantages(rewards: list[float], group: int, estimator: str, normalize: bool,
@@ -20,7 +40,7 @@ def group_advantages(rewards: list[float], group: int, estimator: str, normalize
 
 
 def _advantages(r: torch.Tensor, estimator: str, normalize: bool) -> torch.Tensor:
-    if estimator == "rloo" and len(r) > 1:
+    if estimator == "rloo" and len(r) > 1:  # never scaled: the front end refuses normalize = true
         return r - (r.sum() - r) / (len(r) - 1)
     adv = r - r.mean()
     if normalize and len(r) > 1:
@@ -39,6 +59,18 @@ def gae(reward: float, values: list[float], gamma: float, lam: float) -> tuple[l
     return advantages, [a + v for a, v in zip(advantages, values)]
 
 
+def whiten(advantages: list[list[float]], skip: list[bool]) -> list[list[float]]:
+    """GAE advantages whitened over the tokens trained together (verl masked_whiten: mean 0,
+    unbiased variance 1); rows in `skip` (failed scores) keep their zeros and stay out of the
+    statistics."""
+    pooled = torch.tensor([a for row, s in zip(advantages, skip) if not s for a in row], dtype=torch.float64)
+    if len(pooled) < 2:
+        return advantages
+    mean, scale = pooled.mean(), torch.rsqrt(pooled.var() + 1e-8)
+    return [row if s else ((torch.tensor(row, dtype=torch.float64) - mean) * scale).tolist()
+            for row, s in zip(advantages, skip)]
+
+
 def overlong_penalty(length: int, max_tokens: int, buffer: int) -> float:
     """DAPO's soft overlong punishment: 0 up to max - buffer, then linearly down to -1 at max."""
     if buffer <= 0 or length <= max_tokens - buffer:
@@ -46,21 +78,76 @@ def overlong_penalty(length: int, max_tokens: int, buffer: int) -> float:
     return max(-1.0, (max_tokens - buffer - length) / buffer)
 
 
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, aggregation: str) -> torch.Tensor:
+    """The micro-batch's share of the step loss before `step_divisor` (verl agg_loss's numerator):
+    seq_mean_token_mean sums each sequence's token mean; the others sum the tokens."""
+    masked = per_token * mask
+    if aggregation == "seq_mean_token_mean":
+        return (masked.sum(-1) / mask.sum(-1).clamp(min=1)).sum()
+    return masked.sum()
+
+
+def step_divisor(aggregation: str, sequences: int, tokens: int, max_tokens: int) -> float:
+    """What the step's summed loss is divided by: its tokens (token_mean), its sequences, or its
+    sequences times the response budget (seq_mean_token_sum_norm, Dr. GRPO's constant)."""
+    if aggregation == "token_mean":
+        return max(tokens, 1)
+    if aggregation == "seq_mean_token_sum_norm":
+        return max(sequences, 1) * max_tokens
+    return max(sequences, 1)
+
+
+@dataclass(frozen=True)
+class Correction:
+    """How one micro-batch is corrected for the policy that generated it."""
+
+    old_logp: torch.Tensor  # the ratio's denominator: the rollout policy (clip) or the proximal one
+    weights: torch.Tensor | None  # per-token importance weights on the surrogate (detached), or None
+    raw: torch.Tensor  # pi_proximal / pi_rollout per token, before any cap (for metrics)
+    capped: torch.Tensor  # 1 where the cap truncated (tis) or dropped (decoupled) the weight
+
+
+def off_policy_correction(proximal: torch.Tensor, rollout: torch.Tensor, mode: str, cap: float) -> Correction:
+    """`proximal`: the log-probs of the policy at the start of the train step (detached); `rollout`:
+    those recorded at generation. clip: the clipped ratio against the rollout policy (verl bypass
+    mode, PPO-clip: importance sampling inside PPO's trust region); tis: the
+    ratio against the proximal policy times min(w, cap) (verl rollout_is = token, TRL
+    vllm_importance_sampling_mode = token_truncate); decoupled: the same ratio times w, tokens with
+    w > cap dropped (AReaL ppo_actor_loss_fn, rejection with action = mask)."""
+    raw = torch.exp(torch.clamp(proximal - rollout, -LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+    if mode == "clip":
+        return Correction(rollout, None, raw, torch.zeros_like(raw))
+    capped = (raw > cap).float()
+    weights = torch.clamp(raw, max=cap) if mode == "tis" else raw * (1 - capped)
+    return Correction(proximal, weights, raw, capped)
+
+
 def policy_loss(logp, old_logp, ref_logp, advantages, mask, loss: str, clip: float, clip_high: float,
-                kl: float) -> tuple[torch.Tensor, dict]:
-    """Summed (not averaged) loss of a micro-batch; the trainer divides by the step's sequence or
-    token count before the optimizer step, so that accumulation over micro-batches is exact.
-    All tensors are [B, T] over response tokens; mask is 1 on real tokens."""
-    ratio = torch.exp(logp - old_logp)
-    surrogate = torch.minimum(ratio * advantages, torch.clamp(ratio, 1 - clip, 1 + clip_high) * advantages)
-    per_token = -surrogate
+                kl: float, aggregation: str | None = None, weights=None) -> tuple[torch.Tensor, dict]:
+    """Summed (not averaged) clipped-surrogate loss of a micro-batch, with the k3 KL penalty; the
+    trainer divides by `step_divisor`. All tensors are [B, T] over response tokens; mask is 1 on
+    real tokens; `weights` (off-policy correction) multiply the surrogate, not the KL term."""
+    ratio = torch.exp(torch.clamp(logp - old_logp, -LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1 - clip, 1 + clip_high) * advantages
+    per_token = -torch.minimum(unclipped, clipped)
+    if weights is not None:
+        per_token = per_token * weights
     if kl > 0 and ref_logp is not None:
         diff = ref_logp - logp
         per_token = per_token + kl * (torch.exp(diff) - diff - 1)  # k3 estimator, >= 0
-    per_token = per_token * mask
-    if loss == "grpo":  # a mean per sequence, summed over sequences
-        total = (per_token.sum(-1) / mask.sum(-1).clamp(min=1)).sum()
-    else:  # ppo and dapo: summed over tokens
-        total = per_token.sum()
-    clipped = ((ratio - 1).abs() > clip).float() * mask
-    return total, {"clip_fraction": float(clipped.sum() / mask.sum().clamp(min=1))}
+    total = aggregate(per_token, mask, aggregation or default_aggregation(loss))
+    # the clip acts (zero gradient) where the clipped term is the smaller: a > 0 above 1 + clip_high,
+    # a < 0 below 1 - clip (verl pg_clipfrac, TRL is_low_clipped | is_high_clipped)
+    clipped_tokens = float(((clipped < unclipped).float() * mask).sum())
+    return total, {"clip_fraction": clipped_tokens / max(float(mask.sum()), 1.0), "clipped_tokens": clipped_tokens}
+
+
+def value_loss(values, old_values, returns, mask, clip: float) -> torch.Tensor:
+    """Summed PPO value loss 0.5 (v - R)^2; with clip > 0 the larger of it and the loss of the
+    prediction held within +-clip of the critic stage's values (verl compute_value_loss)."""
+    losses = (values - returns) ** 2
+    if clip > 0:
+        held = old_values + torch.clamp(values - old_values, -clip, clip)
+        losses = torch.maximum(losses, (held - returns) ** 2)
+    return 0.5 * (losses * mask).sum()

@@ -19,7 +19,7 @@ from aspc.backends.cpu.tokenizer import decode
 
 @dataclass(frozen=True)
 class Shaping:
-    overlong: int  # 0: none (DAPO's overlong shaping only)
+    overlong: int  # DAPO's overlong shaping buffer (any loss); 0: none
     max_tokens: int
 
 

@@ -36,6 +36,7 @@ class GenInstance:
         self.calls: list[tuple] = []  # turns ended by a tool call since the driver last looked
         self.tool_held: list[tuple[float, float]] = []  # times some sequence waited on a tool call
         self._held_since: float | None = None
+        self._skips_finished = bool(getattr(cost, "skips_finished", False))
 
     @property
     def batch(self) -> int:
@@ -47,12 +48,15 @@ class GenInstance:
         return bool(self.active or self.waiting)
 
     def steps_time(self, k: int) -> float:
-        b = self.batch
-        return k * self.cost.beta(self._computed()) + self.cost.alpha * (k * self.context + b * k * (k - 1) / 2)
+        active = len(self.active)
+        b = active + self.ghosts
+        cost = self.cost
+        beta = cost.beta(active if self._skips_finished else b)
+        return k * beta + cost.alpha * (k * self.context + b * k * (k - 1) / 2)
 
     def _computed(self) -> int:
         """Sequences a decode step computes: a CPU engine skips a static batch's finished members."""
-        return len(self.active) if getattr(self.cost, "skips_finished", False) else self.batch
+        return len(self.active) if self._skips_finished else self.batch
 
     def steps_within(self, dt: float) -> int:
         """Whole decode steps that fit in dt."""
@@ -88,9 +92,10 @@ class GenInstance:
     def _decode_segment(self, start: float, end: float, k: int) -> None:
         """Book k decode steps from `start` to `end` (before the clock moves): the static batch's
         finished members are padding; of the rest, what the active sequences' tokens would cost at
-        the saturated batch is useful and the remainder is tail (a batch below saturation)."""
+        the saturated batch is useful and the remainder is tail (a batch below saturation). An engine
+        that skips finished members (a calibrated CPU engine) pays no padding for them."""
         active, total = len(self.active), end - start
-        padding = total * self.ghosts / self.batch
+        padding = total * (self._computed() - active) / self.batch
         useful = min(total - padding, self.roofline_seconds(k, active, self.context * active / self.batch))
         tail = total - padding - useful
         cursor = start

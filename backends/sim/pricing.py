@@ -181,6 +181,12 @@ class RooflinePricing:
             return self.calibration.switch
         return offload_seconds(self.weight_bytes * 8 / devices)  # 16 B of training state a parameter, sharded
 
+    def move(self, devices: int) -> float:
+        """Runtime rebalancing moves a generation instance to or from the trainer (`devices`: the
+        trainer's with the instance): the training state resharded over them moves host <-> device,
+        as a pool switch moves it; a returned instance then loads the weights (priced by `load`)."""
+        return self.switch(devices)
+
     def _learner_cost(self, stage: StagePlan, recompute: bool | None = None):
         if self.calibration is not None:
             return self._calibrated_cost(stage)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import assert_never
 
 from aspc.controller import Controller, ControllerConfig
-from aspc.controller.events import (Action, Checkpoint, Dispatch, Finished, InstanceIdle, OptimizerStep,
+from aspc.controller.events import (Action, Checkpoint, Dispatch, Finished, InstanceIdle, MoveInstance, OptimizerStep,
                                     PublishWeights, RestartInstance, ResumeEpisode, RunTool, RunWork, Start,
                                     SwitchPool, SyncWeights, WeightsPublished, WorkFinished)
 from aspc.plan.execution_plan import ExecutionPlan
@@ -23,7 +23,7 @@ from aspc.drivers.local.scoring import GuardedJudge
 from aspc.drivers.local.threads import threads_per_worker
 from aspc.drivers.local.virtual_time import RealTime
 from aspc.drivers.local.workers import (ExecutorWorker, GenerationWorker, InstanceLost, ToolWorker, WorkerFailed,
-                                        trainer_runners)
+                                        reward_scores, trainer_runners)
 
 SCORERS = ("forward_model", "judge")  # executor roles that score units on their own model
 
@@ -83,7 +83,7 @@ class LocalRuntime:
         return self.executors.accuracy(count)
 
     def _prompt(self, step: int, prompt: int):
-        return self.executors.prompt(step * self.data.prompts_per_step + prompt)
+        return self.executors.prompt(self.config.data_row(step, prompt))
 
     def build(self) -> None:
         self.threads = threads_per_worker(self.config.instances + len(self.config.executors), self.options.threads)
@@ -95,8 +95,11 @@ class LocalRuntime:
         self.start_version = self._load(resume_from) if resume_from else 0
         self.weights[self.start_version] = self.executors.snapshot()
         self.exec_workers = [self._executor_worker(spec) for spec in self.config.executors]
+        for worker in self.exec_workers:
+            worker.report_rewards = self.config.filters_groups
         self.learner_worker = next(w for w in self.exec_workers if w.learner is not None)
         self.learner_worker.completed = self.start_version
+        self.learner_worker.move = self._move_instance
         self.learner_worker.saved = self.start_version if resume_from else None  # a fresh run: none on disk
         self.gen_workers = []
         for i in range(self.config.instances):
@@ -319,6 +322,8 @@ class LocalRuntime:
         metrics = {"step": step + 1, **self.step_metrics.get(step, {}), "wall_s": wall}
         stale = [s for (u, _, _), s in self._staleness_of(step)]
         metrics["staleness_mean"] = sum(stale) / len(stale) if stale else 0.0
+        if self.controller.filter is not None:  # dynamic sampling: the extra generation it took
+            metrics.update(self.controller.filter.metrics(step))
         previous = self.result.metrics[-1]["wall_s"] if self.result.metrics else 0.0
         tokens = metrics.get("samples", 0) * metrics.get("response_len", 0)
         metrics["tokens_per_s"] = round(tokens / max(wall - previous, 1e-9), 1)
@@ -343,8 +348,10 @@ class LocalRuntime:
                 payload = [(r.sample, self._prompt(*r.sample[:2]).ids, self._seed(r.sample)) for r in action.requests]
                 self.gen_workers[action.instance].inbox.put(("requests", payload))
             case RunWork() if action.executor is None:  # a rule or python reward: here, at once
-                self._host_learner().reward(self._rollouts(sorted(action.work.samples)))
-                self.internal.append(WorkFinished(action.work.id))
+                rollouts = self._rollouts(sorted(action.work.samples))
+                self._host_learner().reward(rollouts)
+                scores = reward_scores(action.work, rollouts) if self.config.filters_groups else None
+                self.internal.append(WorkFinished(action.work.id, scores))
             case RunWork():
                 self.exec_workers[action.executor].inbox.put(("work", action.work))
             case OptimizerStep():
@@ -353,6 +360,8 @@ class LocalRuntime:
                 self.learner_worker.inbox.put(("publish", action.version))
             case SwitchPool():
                 self.learner_worker.inbox.put(("switch", (action.pool, action.mode)))
+            case MoveInstance():
+                self.learner_worker.inbox.put(("move", (action.instance, action.role)))
             case SyncWeights():
                 self.gen_workers[action.instance].inbox.put(("sync", action.version))
             case RunTool():
@@ -373,6 +382,15 @@ class LocalRuntime:
                 pass
             case _:
                 assert_never(action)
+
+    def _move_instance(self, instance: int, role: str) -> None:
+        """Runtime rebalancing, on the trainer's thread: the backend moves the instance's devices to
+        or from the trainer where it can (`move_instance`). A backend without it (the CPU backend:
+        every worker's threads share the same cores) needs nothing moved: the instance simply gets
+        no work from the controller while lent, and its cores go to whoever computes."""
+        move = getattr(self.executors, "move_instance", None)
+        if move is not None:
+            move(instance, role)
 
     def _host_learner(self):
         """Who computes rule and python rewards: the trainer, or with process workers this

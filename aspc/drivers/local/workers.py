@@ -9,8 +9,9 @@ import threading
 import traceback
 
 from aspc.accounting.trace import Span
-from aspc.controller.events import (InstanceFailed, InstanceRecovered, OptimizerDone, PoolSwitched, SampleFinished,
-                                    ToolCalled, ToolReturned, WeightsLoaded, WeightsPublished, WorkFinished)
+from aspc.controller.events import (InstanceFailed, InstanceMoved, InstanceRecovered, OptimizerDone, PoolSwitched,
+                                    SampleFinished, ToolCalled, ToolReturned, WeightsLoaded, WeightsPublished,
+                                    WorkFinished)
 
 
 class WorkerFailed(Exception):
@@ -179,7 +180,9 @@ class ExecutorWorker(Worker):
         self.checkpoint, self.switch = checkpoint, switch
         self.trained: dict[int, list] = {}  # step -> sample ids trained in it
         self.completed = None  # the last version published
+        self.report_rewards = False  # dynamic sampling: WorkFinished carries a reward work's scores
         self.saved = None  # the last version checkpointed
+        self.move = None  # runtime rebalancing: move(instance, role) carries a move out on the trainer's devices
 
     def loop(self) -> None:
         while True:
@@ -190,11 +193,13 @@ class ExecutorWorker(Worker):
             if kind == "checkpoint":
                 self.save(payload)
             elif kind == "work":
-                self.runners[payload.stage](self.rollouts(sorted(payload.samples)))
+                rollouts = self.rollouts(sorted(payload.samples))
+                self.runners[payload.stage](rollouts)
                 if payload.kind == "train":
                     self.trained.setdefault(payload.step, []).extend(payload.samples)
                 self.span(start, "useful", f"{payload.kind} step {payload.step}")
-                self.events.put(WorkFinished(payload.id))
+                scores = reward_scores(payload, rollouts) if self.report_rewards and payload.kind == "reward" else None
+                self.events.put(WorkFinished(payload.id, scores))
             elif kind == "optimizer":
                 self.metrics[payload] = self.learner.optimizer_step()
                 self.metrics[payload]["trained"] = sorted(self.trained.pop(payload, []))
@@ -205,6 +210,10 @@ class ExecutorWorker(Worker):
                 self.completed = payload
                 self.span(start, "sync", f"publish v{payload}")
                 self.events.put(WeightsPublished(payload))
+            elif kind == "move":  # (instance, role): a generation instance joins or leaves the trainer
+                self.move(*payload)
+                self.span(start, "sync", f"move gen[{payload[0]}] to {payload[1]}")
+                self.events.put(InstanceMoved(*payload))
             else:  # ("switch", (pool, mode)): the time-shared pool changes hands
                 self.switch(*payload)
                 self.span(start, "sync", f"switch to {payload[1]}")
@@ -216,6 +225,13 @@ class ExecutorWorker(Worker):
         assert version == self.completed, f"checkpoint of step {version} asked at step {self.completed}"
         self.checkpoint(version)
         self.saved = version
+
+
+def reward_scores(work, rollouts: list) -> tuple[float | None, ...]:
+    """What a reward work's rollouts scored, in the work's sample order (None: masked, e.g. a
+    failed judge call): the controller's dynamic sampling decides on them."""
+    scores = {r.key: None if getattr(r, "masked", False) else float(r.reward) for r in rollouts}
+    return tuple(scores[s] for s in work.samples)
 
 
 def trainer_runners(worker: ExecutorWorker, stages: dict[str, str]) -> dict:

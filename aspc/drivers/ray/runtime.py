@@ -9,6 +9,7 @@ import dataclasses
 import copy
 
 from aspc.ir.facts import hardware_table
+from aspc.controller.config import UnsupportedPlan
 from aspc.drivers.local.runtime import LocalRuntime
 from aspc.drivers.local.workers import InstanceLost, WorkerFailed
 
@@ -142,6 +143,9 @@ class RayRuntime(LocalRuntime):
     def __init__(self, plan, base_dir, options, executors, address: str | None = None):
         options = dataclasses.replace(options, workers="threads")  # its actors are the processes
         super().__init__(plan, base_dir, options, executors)
+        if self.config.filters_groups:  # its learner actor keeps the rewards it computes
+            raise UnsupportedPlan("filter_groups (dynamic sampling) runs on the local runtime only for now: "
+                                  "run with --runtime local, or remove filter_groups")
         self.ray = start_ray(address)
         self.restarts: dict[int, int] = {}
 
@@ -167,16 +171,23 @@ class RayRuntime(LocalRuntime):
         pool = self.plan.pool(self.gen_stage.pool)
         per_instance = self.gen_stage.parallel.devices
         kind = hardware_table()[pool.hardware].ray_resource  # NPU on Ascend pools, from aspc/data/hardware.toml
-        resource = {kind: per_instance} if kind != "CPU" else {"CPU": CPU_SHARE}
-        bundles = [dict(resource) for _ in self.gen_workers] + [{"CPU": CPU_SHARE}]
+        # an accelerator bundle also holds the actor's share of a CPU; the learner's is its rank 0's device
+        # (the other ranks of a megatron job start from the launch plan, aspc/backends/ascend/executors.py)
+        self.devices = [{kind: per_instance} for _ in self.gen_workers] + [{kind: 1}] if kind != "CPU" else []
+        bundles = [{"CPU": CPU_SHARE, **devices} for devices in self.devices] or \
+            [{"CPU": CPU_SHARE} for _ in range(len(self.gen_workers) + 1)]
         group = placement_group(bundles, strategy="STRICT_PACK" if per_instance <= 8 else "PACK")
         self.ray.get(group.ready(), timeout=60)
         return group
 
     def _bundle(self, index: int) -> dict:
+        """An actor's options: its bundle, and the bundle's accelerators (Ray then sets
+        ASCEND_RT_VISIBLE_DEVICES in the actor's process)."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        return {"num_cpus": CPU_SHARE, "scheduling_strategy": PlacementGroupSchedulingStrategy(
+        devices = {} if not self.devices else {"num_gpus": self.devices[index]["GPU"]} \
+            if "GPU" in self.devices[index] else {"resources": self.devices[index]}  # Ray wants GPUs as num_gpus
+        return {"num_cpus": CPU_SHARE, **devices, "scheduling_strategy": PlacementGroupSchedulingStrategy(
             placement_group=self.placement, placement_group_bundle_index=index)}
 
     def _remote_generator(self, index: int) -> RemoteGenerator:

@@ -8,6 +8,7 @@ times it (and runs the episodes' tool calls on the environment's runners, aspc/d
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 from collections import deque
@@ -17,12 +18,13 @@ from typing import Protocol, assert_never
 from aspc.accounting.ledger import Ledger, Span
 from aspc.controller import Controller, ControllerConfig
 from aspc.controller.config import ExecutorSpec
-from aspc.controller.events import (Action, Checkpoint, Dispatch, Finished, InstanceIdle, OptimizerDone,
+from aspc.controller.events import (Action, Checkpoint, Dispatch, Finished, InstanceIdle, InstanceMoved, MoveInstance,
+                                    OptimizerDone,
                                     OptimizerStep, PoolSwitched, PublishWeights, RestartInstance, ResumeEpisode,
                                     RunTool, RunWork, SampleFinished, Start, SwitchPool, SyncWeights, ToolCalled,
                                     ToolReturned, WeightsLoaded, WeightsPublished, Work, WorkFinished)
 from aspc.controller.episodes import EpisodePolicy
-from aspc.costmodel.workload import Environment, draw_episode, sample_step
+from aspc.costmodel.workload import Environment, draw_episode, draw_rewards, sample_step
 from aspc.drivers.sim.episodes import EpisodePlan, plan_episode
 from aspc.plan.execution_plan import ExecutionPlan, Instance, StagePlan
 
@@ -46,6 +48,8 @@ class Pricing(Protocol):
 
     def switch(self, devices: int) -> float: ...
 
+    def move(self, devices: int) -> float: ...  # a generation instance joins or leaves the trainer
+
 
 @dataclass
 class ExecutorState:
@@ -55,6 +59,7 @@ class ExecutorState:
     devices: int
     busy: list[tuple[float, float]] = field(default_factory=list)
     running: bool = False
+    lent: int = 0  # devices of generation instances lent to it (runtime rebalancing)
 
 
 class Simulation:
@@ -66,6 +71,7 @@ class Simulation:
         self.train_stage = plan.stages_of("train")[0]
         self.data = plan.dataset(self.gen_stage.data)
         self._steps_cache: dict[int, list] = {}
+        self._rewards: dict[tuple[int, int], list[float]] = {}
         self.controller = Controller(self.config, lambda step, prompt: self._sample(step, prompt, 0).prompt_len)
         self.now = 0.0
         self.heap: list = []
@@ -81,6 +87,8 @@ class Simulation:
         shared = self.config.shared_pool
         self.modes: dict[str, list[tuple[float, str]]] = {shared: [(0.0, "gen")]} if shared else {}
         self.switch_spans: list[tuple[float, float, str]] = []
+        self.lent_spans: dict[int, list[list[float]]] = {}  # instance -> [start, end] while the trainer holds it
+        self.moves: list[tuple[float, int, str]] = []  # (when it started, instance, role)
         self.done = False
         envs = plan.stages_of("environment")
         self.env = Environment.of(dict(envs[0].options)) if envs else None
@@ -92,13 +100,30 @@ class Simulation:
 
     # ---- the workload ----
     def _sample(self, step: int, prompt: int, index: int):
-        if step not in self._steps_cache:
-            self._steps_cache[step] = sample_step(self.data, step)
-        return self._steps_cache[step][prompt * self.data.group + index]
+        samples = self._steps_cache.get(step) or self._step_samples(step)
+        return samples[prompt * self.data.group + index]
+
+    def _step_samples(self, step: int) -> list:
+        samples = self._steps_cache[step] = sample_step(self.data, step, prompts_drawn=self.config.prompt_stride)
+        return samples
+
+    def rewards(self, work: Work) -> tuple[float, ...] | None:
+        """A reward work's scores when the plan filters groups (dynamic sampling), drawn from the
+        train stage's solve_rates (aspc/costmodel/workload.py); None otherwise."""
+        if not self.config.filters_groups or work.kind != "reward":
+            return None
+        rates = dict(self.train_stage.options)["solve_rates"]
+        for group in {s[:2] for s in work.samples} - self._rewards.keys():
+            self._rewards[group] = draw_rewards(self.data, rates, *group)
+        return tuple(self._rewards[s[:2]][s[2]] for s in work.samples)
 
     def _truth(self, sample) -> int:
         """The model tokens the sample generates (over all its turns)."""
-        return self.episode(sample).model_tokens if self.env else self._sample(*sample).response_len
+        if self.env:
+            return self.episode(sample).model_tokens
+        step, prompt, index = sample
+        samples = self._steps_cache.get(step) or self._step_samples(step)
+        return samples[prompt * self.data.group + index].response_len
 
     def tokens(self, sample) -> int:
         """The sample's whole sequence as the learner reads it: prompt, turns and tool results."""
@@ -176,6 +201,8 @@ class Simulation:
                 self._resume_episode(action)
             case SwitchPool():
                 self._switch(action)
+            case MoveInstance():
+                self._move(action)
             case Finished():
                 self.done = True
             case Checkpoint():
@@ -194,14 +221,14 @@ class Simulation:
 
     def _run_work(self, a: RunWork) -> None:
         if a.executor is None:  # rule and python rewards and advantages run on the host
-            self.feed(WorkFinished(a.work.id))
+            self.feed(WorkFinished(a.work.id, self.rewards(a.work)))
             return
-        stage = self.plan.stage(a.work.stage)
+        ex = self.executors[a.executor]
+        stage = _widened(self.plan.stage(a.work.stage), ex.lent)
         lengths = [self.tokens(s) for s in a.work.samples]
         wc = self.pricing.work(a.work, stage, lengths)
-        ex = self.executors[a.executor]
         label = f"{a.work.kind} step {a.work.step} ({len(a.work.samples)} samples)"
-        self._occupy(ex, wc.seconds, None, label, WorkFinished(a.work.id))
+        self._occupy(ex, wc.seconds, None, label, WorkFinished(a.work.id, self.rewards(a.work)))
         for category, amount in (("useful", wc.useful), ("padding", wc.padding), ("skewness", wc.skewness),
                                  ("tail", wc.tail)):
             self.ledger.add(category, amount)
@@ -219,7 +246,7 @@ class Simulation:
         if category is None:
             self.ledger.spans.append(Span(ex.spec.name, self.now, end, "useful", label))
         else:
-            self.ledger.span(ex.spec.name, self.now, end, category, label, ex.devices)
+            self.ledger.span(ex.spec.name, self.now, end, category, label, ex.devices + ex.lent)
         self.at(end, "executor", ex, then)
 
     def _at_executor(self, ex: ExecutorState, then) -> None:
@@ -322,6 +349,34 @@ class Simulation:
         self.switch_spans.append((self.now, self.now + seconds, a.pool))
         self.at(self.now + seconds, "switched", a.pool, a.mode)
 
+    # ---- runtime rebalancing: a generation instance joins or leaves the trainer ----
+    def _move(self, a: MoveInstance) -> None:
+        """Offload one side and onload the other on the trainer's and the instance's devices, priced
+        as a sync; while lent, the instance's devices are a data-parallel rank group of the trainer."""
+        ex, devices = self._trainer(), self.instances[a.instance].devices
+        self.moves.append((self.now, a.instance, a.role))
+        if a.role == "learn":
+            ex.lent += devices
+            self.lent_spans.setdefault(a.instance, []).append([self.now, float("inf")])
+        seconds = self.pricing.move(ex.devices + ex.lent)
+        if a.role == "gen":  # queued first: the trainer is narrowed before it hears of the move
+            self.at(self.now + seconds, "returned", ex, a.instance)
+        label = f"move {self.gen_stage.name}[{a.instance}] to {'the trainer' if a.role == 'learn' else 'generation'}"
+        self._occupy(ex, seconds, "sync", label, InstanceMoved(a.instance, a.role))
+
+    def _at_returned(self, ex: ExecutorState, instance: int) -> None:
+        ex.lent -= self.instances[instance].devices
+        self.lent_spans[instance][-1][1] = self.now
+
     def _at_switched(self, pool: str, mode: str) -> None:
         self.modes[pool].append((self.now, mode))
         self.feed(PoolSwitched(pool, mode))
+
+
+def _widened(stage: StagePlan, lent: int) -> StagePlan:
+    """A stage on the trainer's executor with `lent` more devices: more data-parallel ranks
+    (rebalance.py lends only whole multiples of tp x pp x cp)."""
+    if not lent:
+        return stage
+    p = stage.parallel
+    return dataclasses.replace(stage, parallel=dataclasses.replace(p, dp=p.dp + lent // (p.tp * p.pp * p.cp)))

@@ -28,6 +28,14 @@ def summary(r: SimResult) -> str:
         f"  bubbles     {bubbles}",
         f"  pools       {pool_shares(r)}",
     ]
+    if r.oversample:
+        lines.append(f"  filtering   {r.oversample:.2f}x prompts generated per prompt trained, "
+                     f"{100 * r.filtered_tokens:.1f}% of generated tokens never trained, "
+                     f"{r.padded_groups} all-equal groups padded in")
+    if r.moves:
+        moved = (f"instance {i} to {'the trainer' if role == 'learn' else 'generation'} at {t:.0f} s"
+                 for t, i, role in r.moves)
+        lines.append("  rebalanced  " + ", ".join(moved))
     if r.tool_calls:
         endings = "  ".join(f"{k} {v}" for k, v in r.endings.items())
         lines.append(f"  episodes    {r.tool_calls / r.steps:.0f} tool calls/step, ended: {endings}")
@@ -55,10 +63,20 @@ def compare_table(results: list[SimResult]) -> str:
         rows.append(f"| {r.schedule} | {r.step_time:.2f} | {r.e2e_tps:.1f} | {r.samples_per_s:.2f} | {speedups} | "
                     f"{100 * r.efficiency:.1f}% | "
                     + " | ".join(f"{100 * r.share(c):.1f}%" for c in categories) + f" | {stale} |")
+    rows += _filtering_rows(results)
     rows.append("")
     rows.append("busy device-time by pool (share of all busy device-seconds; util: busy / the pool's devices x wall):")
     rows += [f"  {r.schedule:<14}  {pool_shares(r)}" for r in results]
     return "\n".join(rows) + "\n"
+
+
+def _filtering_rows(results: list[SimResult]) -> list[str]:
+    """Dynamic sampling's cost per schedule: the extra generation, and what it did to the step."""
+    if not any(r.oversample for r in results):
+        return []
+    head = "dynamic sampling (filter_groups): prompts generated per prompt trained; generated tokens never trained:"
+    return ["", head] + [f"  {r.schedule:<14}  {r.oversample:.2f}x  {100 * r.filtered_tokens:.1f}%  "
+                         f"({r.padded_groups} all-equal groups padded in at the bound)" for r in results]
 
 
 def baseline_note(reason: str) -> str:

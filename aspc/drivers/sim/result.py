@@ -23,6 +23,10 @@ class SimResult:
     pools: dict[str, tuple[int, float]] = field(default_factory=dict)  # pool -> (devices, busy device-seconds)
     tool_calls: int = 0  # agentic episodes: tool calls run (0 without an environment stage)
     endings: dict[str, int] = field(default_factory=dict)  # agentic episodes: why they ended -> count
+    oversample: float = 0.0  # dynamic sampling: prompts generated per prompt trained (0: off)
+    filtered_tokens: float = 0.0  # dynamic sampling: share of generated tokens never trained
+    padded_groups: int = 0  # dynamic sampling: all-equal groups trained because a step hit its bound
+    moves: tuple = ()  # runtime rebalancing: (when, generation instance, "learn" | "gen") as carried out
 
     @property
     def step_time(self) -> float:
@@ -70,13 +74,28 @@ def collect(sim: Simulation) -> SimResult:
     pools = _pool_busy(sim, wall)
     bubbles = sim.ledger.close(devices * wall)
     keys = [(step, p, g) for step in range(sim.steps)
-            for p in range(sim.data.prompts_per_step) for g in range(sim.data.group)]
+            for p in sim.controller.trained_prompts(step) for g in range(sim.data.group)]
     prompts = sum(sim._sample(*k).prompt_len for k in keys) / len(keys)
     responses = sum(sim._truth(k) for k in keys) / len(keys)  # model tokens only (not tool results)
-    return SimResult(sim.plan.pipeline, sim.plan.schedule, sim.steps, devices, wall,
-                     sim.data.samples_per_step, prompts, responses, bubbles,
-                     dict(sorted(sim.controller.staleness.items())), sim.ledger.spans, pools,
-                     sim.tool_calls, dict(sorted(sim.endings.items())))
+    result = SimResult(sim.plan.pipeline, sim.plan.schedule, sim.steps, devices, wall,
+                       sim.data.samples_per_step, prompts, responses, bubbles,
+                       dict(sorted(sim.controller.staleness.items())), sim.ledger.spans, pools,
+                       sim.tool_calls, dict(sorted(sim.endings.items())), *_dynamic_sampling(sim, keys))
+    result.moves = tuple(sim.moves)
+    return result
+
+
+def _dynamic_sampling(sim: Simulation, trained: list) -> tuple[float, float, int]:
+    """(prompts generated per prompt trained, share of generated tokens never trained, groups padded)."""
+    groups = sim.controller.filter
+    if groups is None:
+        return 0.0, 0.0, 0
+    steps = [groups.steps[s] for s in range(sim.steps) if s in groups.steps]
+    history = sim.controller.gen.history
+    generated = sum(sum(lengths) for (step, _), lengths in history.items() if step < sim.steps)
+    used = sum(sim._truth(k) for k in trained)
+    return (sum(s.generated for s in steps) / (len(steps) * sim.data.prompts_per_step),
+            1 - used / generated if generated else 0.0, sum(len(s.padded) for s in steps))
 
 
 def _pool_busy(sim: Simulation, wall: float) -> dict[str, tuple[int, float]]:
@@ -91,6 +110,11 @@ def _pool_busy(sim: Simulation, wall: float) -> dict[str, tuple[int, float]]:
         busy[ex.spec.pool] += sum(min(b, wall) - a for a, b in ex.busy if a < wall) * ex.devices
     for start, end, pool in sim.switch_spans:
         busy[pool] += max(0.0, min(end, wall) - start) * sim.plan.pool(pool).count
+    trainer = sim.executors[sim.controller.devices.trainer] if sim.lent_spans else None
+    for index, spans in sim.lent_spans.items():  # a lent instance's devices work for the trainer
+        lent = merge([(a, min(b, wall)) for a, b in spans])
+        worked = sum(b - a for interval in trainer.busy for a, b in split_by(interval, lent)[0])
+        busy[sim.gen_stage.pool] += worked * sim.instances[index].devices
     return {p.name: (p.count, busy[p.name]) for p in sim.plan.pools}
 
 
@@ -121,8 +145,9 @@ def _account_instances(sim: Simulation, wall: float) -> None:
             sim.ledger.span(track, start, min(end, wall), category, category, inst.devices)
         peers = merge([iv for j, ivs in busy.items() if j != inst.index for iv in ivs])
         held = merge([(a, min(b, wall)) for a, b in inst.held_intervals(wall)])
+        lent = merge([(a, min(b, wall)) for a, b in sim.lent_spans.get(inst.index, [])])  # the trainer books them
         for owned_start, owned_end in owned:
-            for gap in gaps(busy[inst.index], owned_start, owned_end):
+            for gap in [part for g in gaps(busy[inst.index], owned_start, owned_end) for part in split_by(g, lent)[1]]:
                 tools, rest = split_by(gap, held)  # idle while its live episodes all wait on tools
                 for a, b in tools:
                     sim.ledger.span(track, a, b, "tool_wait", "idle: every episode waits on a tool", inst.devices)
@@ -141,13 +166,13 @@ def _account_idle(sim: Simulation, track: str, gap: tuple[float, float], peers, 
 def _account_learners(sim: Simulation, wall: float) -> None:
     """Learner-side executors (reward model, reference, critic, trainer): idle while finished
     samples are held back is a sorting bubble; the rest of their idle time stays idle."""
-    held = [(a, min(b, wall)) for a, b in step_function_positive(sim.held)]
+    held = merge([(a, min(b, wall)) for a, b in step_function_positive(sim.held)])
     for ex in sim.executors:
         spec = ex.spec
         owned = _mode_intervals(sim, spec.pool, ("learn",)) if spec.time_shared else [(0.0, wall)]
         for owned_start, owned_end in owned:
             for gap in gaps(ex.busy, owned_start, owned_end):
-                waiting, _ = split_by(gap, merge(held))
+                waiting, _ = split_by(gap, held)
                 for a, b in waiting:
                     sim.ledger.span(spec.name, a, b, "sorting", "idle: samples held back", ex.devices)
 

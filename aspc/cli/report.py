@@ -1,0 +1,86 @@
+"""`aspc report`: compile FILE under sync-naive, sync and asp, simulate each (and the
+sync@colocated baseline), and write one self-contained HTML page (aspc/report/)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+TIMELINES = ("sync-naive", "sync", "asp")  # drawn on one time axis, in this order
+
+
+@click.command("report")
+@click.argument("file", type=click.Path())
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default="report.html", show_default=True,
+              help="The HTML file to write.")
+@click.option("--steps", type=click.IntRange(1, 10_000), default=10, show_default=True,
+              help="Training steps to simulate per schedule.")
+@click.option("--run", "run_path", type=click.Path(exists=True, dir_okay=False),
+              help="A measured run's metrics (the metrics.jsonl of `aspc run`), shown beside the prediction.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override an option, as for `aspc simulate` (repeatable).")
+def report(file, output, steps, run_path, overrides) -> None:
+    """Write one HTML page of FILE: its three schedules' simulated timelines on one time axis, the
+    bubble breakdown, predicted throughput, the source with the passes' decisions at their lines, the
+    schedule graph, and (with --run) a measured run. The page loads nothing from the network."""
+    from aspc.report.model import ReportInput
+    from aspc.report.page import build_page
+
+    if str(file).endswith(".json"):
+        raise click.UsageError("aspc report compiles an .aspl file; a .json plan has no source to show")
+    if not Path(output).resolve().parent.is_dir():  # before minutes of simulation, not after
+        raise click.ClickException(f"cannot write {output}: its folder does not exist")
+    rows = _run_rows(run_path) if run_path else []
+    schedules, baselines, note = _simulated(file, tuple(overrides), steps)
+    page = build_page(ReportInput(file, _source(file), schedules, baselines, note, run_path or "", rows))
+    _write(Path(output), page)
+    click.echo(f"wrote {output} ({len(page.encode('utf-8')) / 1e6:.2f} MB)")
+
+
+def _simulated(file, overrides, steps):
+    """The three schedules compiled and simulated, the colocated baseline's result (or why not)."""
+    from aspc.cli import main as cli
+    from aspc.controller.kinds import refusals
+    from aspc.report.model import CompiledSchedule
+
+    compiled = [cli._compile(file, overrides, kind, None, None, False) for kind in TIMELINES]
+    plans = [cli._plan(c, None) for c in compiled]
+    cli._refuse_at_stages(file, overrides, compiled[-1], refusals(plans[-1]))
+    results = cli._simulate_plans(file, plans, steps)
+    baseline = cli._colocated_baseline(file, overrides, None, compiled[-1])
+    colocated = cli._simulate_baseline(baseline, steps) if baseline.plan is not None else []
+    note = f"sync@colocated: not available: {baseline.reason}" if baseline.reason else ""
+    schedules = [CompiledSchedule(c.graph, _changes(c), r) for c, r in zip(compiled, results)]
+    return schedules, colocated, note
+
+
+def _changes(compiled) -> list:
+    from aspc.report.model import PassChange
+
+    return [PassChange(step.spec.instance.spec(), step.spec.instance.name, step.spec.instance.bubble or "",
+                       step.before, step.after) for step in compiled.run.steps]
+
+
+def _source(file) -> str:
+    return Path(file).read_text(encoding="utf-8-sig")  # compiled already: it is readable
+
+
+def _run_rows(path) -> list[dict]:
+    from aspc.drivers.local.metrics_file import read_rows
+
+    rows = [r for r in read_rows(Path(path)) if isinstance(r.get("step"), int)]
+    if not rows:
+        raise click.ClickException(f"{path}: no metrics rows (JSON lines with a \"step\"); give the "
+                                   "metrics.jsonl that `aspc run --metrics` wrote")
+    return rows
+
+
+def _write(path: Path, page: str) -> None:
+    """Written beside and renamed into place: an interrupted write leaves no half page."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as error:
+        raise click.ClickException(f"cannot write {path}: {error.strerror}") from None

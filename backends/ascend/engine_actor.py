@@ -1,0 +1,152 @@
+"""A generation instance on NPUs: the GenerationEngine role (aspc/roles.py) over one vLLM engine,
+which vllm-ascend serves as vLLM's platform plugin. The driver's worker submits requests, steps
+the engine and takes finished samples; the controller's pool switches put it to sleep and wake it;
+its weight refresh is vLLM's weight-transfer protocol around the trainer's broadcast.
+
+Calls follow vLLM 0.23.0 (vllm/entrypoints/llm.py, vllm/v1/engine/llm_engine.py) and vllm-ascend
+0.23.0's NPU worker (vllm_ascend/worker/worker.py): continuous batching through
+`LLM.llm_engine.add_request` / `step` (the loop `LLM.generate` runs inside); `RequestOutput.request_id`
+is the id we gave (vLLM keeps it as `external_req_id`); `SamplingParams(logprobs=0)` returns the
+sampled token's logprob. The refresh is `init_weight_transfer_engine` once, then per version
+`start_weight_update` / `update_weights` / `finish_weight_update`, in the order and with the sleep
+level the launch plan's `weight_refresh` gives (the worker needs the engine built with
+`weight_transfer_config` and VLLM_ASCEND_ENABLE_NZ=0; `reload_weights` is not implemented by
+vllm-ascend's worker). vLLM is imported only when an engine is built (`vllm_api`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+@dataclass
+class Finished:
+    """A finished sample, as the driver's generation worker reads it."""
+
+    key: Any
+    prompt: list[int]
+    response: list[int]
+    logprobs: list[float]
+    finish_reason: str | None = None
+    episode: Any = None
+    mask: Any = None
+    version: int = 0  # the policy version loaded when the request was submitted
+
+
+@dataclass(frozen=True)
+class PublishedWeights:
+    """What the trainer publishes for one policy version: the tensors stay on trainer rank 0;
+    engines get their names, dtypes and shapes (`update_info`, vllm-ascend's
+    HCCLWeightTransferUpdateInfo fields) and `sender`, which broadcasts them to one instance."""
+
+    version: int
+    update_info: dict
+    sender: Any = field(compare=False)  # .start(version, instance) -> pending; .wait(pending)
+
+
+def vllm_api():
+    """vLLM's LLM and SamplingParams (on an NPU host, vllm-ascend registers itself as the platform)."""
+    from vllm import LLM, SamplingParams
+
+    return SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams)
+
+
+class VllmEngine:
+    """One generation instance. `launch`: its stage in the launch plan (`config`: vLLM's engine
+    arguments; `micro_batching.sampling`: temperature, top_p, max_tokens); `api`: vllm_api() on an
+    NPU, a fake in the CPU tests."""
+
+    def __init__(self, launch: dict, instance: int = 0, api=None):
+        self.launch, self.api, self._llm = launch, api, None
+        self.sampling = dict(launch["micro_batching"]["sampling"])
+        self.slots = launch["config"]["max_num_seqs"]
+        self.instance = instance
+        self.keys: dict[str, tuple] = {}  # our request id -> (the controller's sample key, policy version)
+        self.submitted = 0
+        self.version = 0  # of the weights loaded last
+        self.refresh = launch["micro_batching"]["weight_refresh"] or {"calls": []}
+        self.connected = self.asleep = False
+
+    @property
+    def llm(self):
+        """The engine, started on first use: inside the actor that holds this instance, so the
+        driver can hand the actor an unstarted copy."""
+        if self._llm is None:
+            self.api = self.api or vllm_api()
+            self._llm = self.api.LLM(**self.launch["config"])
+        return self._llm
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.keys)
+
+    def add(self, key: Any, ids: list[int], seed: int) -> None:
+        self._awake()
+        request_id, self.submitted = f"{self.instance}-{self.submitted}", self.submitted + 1
+        engine = self.llm.llm_engine  # started first: it brings vLLM's API
+        params = self.api.SamplingParams(temperature=self.sampling["temperature"], top_p=self.sampling["top_p"],
+                                         max_tokens=self.sampling["max_tokens"], seed=seed, logprobs=0)
+        engine.add_request(request_id, {"prompt_token_ids": list(ids)}, params)
+        self.keys[request_id] = (key, self.version)
+
+    def step(self) -> list[Finished]:
+        """One engine step; the samples it finished."""
+        self._awake()
+        return [self._finished(out) for out in self.llm.llm_engine.step() if out.finished]
+
+    def _finished(self, out) -> Finished:
+        completion = out.outputs[0]
+        tokens = list(completion.token_ids)
+        logprobs = [position[token].logprob for position, token in zip(completion.logprobs, tokens)]
+        key, version = self.keys.pop(out.request_id)
+        return Finished(key, list(out.prompt_token_ids), tokens, logprobs, completion.finish_reason, version=version)
+
+    def connect(self, init_info: dict) -> None:
+        """Join the trainer's weight-transfer group (HCCLWeightTransferInitInfo: master_address,
+        master_port, rank_offset, world_size); the trainer joins it at the same time as rank 0."""
+        self.llm.init_weight_transfer_engine({"init_info": init_info})
+        self.connected = True
+
+    def load_weights(self, published: PublishedWeights) -> None:
+        """Take version `published.version` by the calls the launch plan lists (`weight_refresh`,
+        backends/ascend/engine_args.py): a sleeping engine wakes its weights first and its KV cache
+        last; the trainer broadcasts while vLLM's workers receive and load each tensor in checkpoint
+        (Hugging Face) format. Requests in flight go on under the new weights (partial rollout)."""
+        if "init_weight_transfer_engine" in self.refresh["calls"] and not self.connected:
+            raise RuntimeError(f"instance {self.instance} has not joined the trainer's weight-transfer group")
+        pending = published.sender.start(published.version, self.instance)
+        try:
+            for step in self.refresh["calls"]:
+                self._refresh_call(step, published)
+        finally:
+            published.sender.wait(pending)
+        self.version, self.asleep = published.version, False
+
+    def _refresh_call(self, step, published: PublishedWeights) -> None:
+        name = step if isinstance(step, str) else step["call"]
+        if name == "wake_up":
+            if self.asleep:
+                self.llm.wake_up(tags=step["tags"])
+        elif name == "init_weight_transfer_engine":
+            pass  # once, by connect(), when the trainer's group forms
+        elif name == "start_weight_update":
+            self.llm.start_weight_update(is_checkpoint_format=True)
+        elif name == "update_weights":
+            self.llm.update_weights({"update_info": published.update_info})
+        elif name == "finish_weight_update":
+            self.llm.finish_weight_update()
+        else:
+            raise ValueError(f"the launch plan asks for a weight-refresh call '{name}' this engine does not know")
+
+    def sleep(self) -> None:
+        """A time-shared pool goes to the trainer: free the NPU memory (the controller switches
+        only when the instance has nothing in flight)."""
+        if self.keys:
+            raise RuntimeError(f"instance {self.instance} asked to sleep with {len(self.keys)} requests in flight")
+        self.llm.sleep(level=self.refresh.get("sleep", {}).get("level", 1))
+        self.asleep = True
+
+    def _awake(self) -> None:
+        """Work for a sleeping engine that got no refresh (its weights were current): wake it all."""
+        if self.asleep:
+            self.llm.wake_up(tags=None)
+            self.asleep = False

@@ -1,0 +1,338 @@
+"""The policy's learner on NPUs: a megatron-core GPTModel per rank (through the MindSpeed adaptor),
+trained on the plan's packed micro-batches, and forward-only reference models compiled with
+torchair where the launch plan says so. Every platform import is inside the function that needs
+it; `pack` is pure and tested on CPU, `build_gpt` builds on CPU (gloo, one rank).
+
+Followed: megatron-core 0.16.1 (`get_gpt_layer_local_spec`, `get_gpt_decoder_block_spec`,
+`GPTModel(pre_process, post_process)`, `get_forward_backward_func`, `vocab_parallel_cross_entropy`,
+`get_megatron_optimizer`), MindSpeed-RL's actor worker (mindspeed_rl/workers/actor_hybrid_worker.py:
+the MindSpeed adaptor imported first, rewards and advantages on the host, one optimizer step per
+policy version) and verl's megatron actor (packed rows with per-sequence positions)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from aspc.backends.ascend.reshard import grouped_to_sequential
+from aspc.backends.ascend.weight_sync import gather_hf
+from aspc.backends.cpu.losses import group_advantages, policy_loss
+
+DTYPE_FIELDS = ("params_dtype", "pipeline_dtype")
+
+
+def materialize(config: dict) -> dict:
+    """The launch plan's JSON config with dtype names turned into torch dtypes."""
+    return {k: getattr(torch, v) if k in DTYPE_FIELDS else v for k, v in config.items()}
+
+
+def import_mindspeed(argv: list[str]) -> None:
+    """MindSpeed's adaptor patches megatron for NPUs and parses sys.argv when imported; its features
+    (context parallelism among them) switch on from the flags the launch plan gives
+    (`builders.mindspeed_argv`, backends/ascend/megatron_args.py)."""
+    import sys
+
+    saved, sys.argv = sys.argv, ["aspc", *argv]
+    try:
+        import mindspeed.megatron_adaptor  # noqa: F401
+    finally:
+        sys.argv = saved
+
+
+def build_gpt(stage: dict, rank_args: dict, use_cpu_initialization: bool = False):
+    """This rank's GPTModel (model-parallel state already initialised) as the launch plan says:
+    `builders.config_class` (MLATransformerConfig for MLA), `builders.layer_spec` (the block spec
+    for MoE and MLA models, the local spec with RMSNorm and q/k norm otherwise), the stage's
+    model_args and this rank's `rank_args` (pre_process / post_process of its pipeline stage)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt import gpt_layer_specs
+    from megatron.core.transformer import transformer_config
+
+    builders = stage["builders"]
+    config_cls = getattr(transformer_config, builders["config_class"])
+    config = config_cls(**materialize(stage["config"]), activation_func=torch.nn.functional.silu,
+                        use_cpu_initialization=use_cpu_initialization)
+    spec = builders["layer_spec"]
+    if spec["function"] == "get_gpt_decoder_block_spec":
+        # this rank's pipeline stage from megatron's parallel state (0.12.1, MindSpeed's megatron, takes no pp_rank)
+        layers = gpt_layer_specs.get_gpt_decoder_block_spec(config, **spec["arguments"])
+    else:
+        layers = gpt_layer_specs.get_gpt_layer_local_spec(**spec["arguments"])
+    return GPTModel(config, transformer_layer_spec=layers, **stage["model_args"], **rank_args)
+
+
+def initialize_parallel(config: dict, backend: str = "hccl") -> None:
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)  # RANK, WORLD_SIZE, MASTER_ADDR/PORT from the launch plan
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=config["tensor_model_parallel_size"],
+        pipeline_model_parallel_size=config["pipeline_model_parallel_size"],
+        context_parallel_size=config["context_parallel_size"],
+        expert_model_parallel_size=config["expert_model_parallel_size"])
+
+
+# ---- packed micro-batches (pure) ----
+@dataclass
+class MicroBatch:
+    """Sequences packed into one row of `tokens` (padded to it: one static shape per bucket for
+    graph mode); positions restart per sequence and the causal mask is block-diagonal, so packed
+    sequences never attend to each other. Per-token tensors are aligned with `labels`."""
+
+    input_ids: torch.Tensor  # [1, T]
+    position_ids: torch.Tensor  # [1, T]
+    attention_mask: torch.Tensor  # [1, 1, T, T], True where attention is masked (megatron's convention)
+    labels: torch.Tensor  # [1, T]: the next token
+    loss_mask: torch.Tensor  # [1, T]: 1 where the label is a response token
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    keys: list
+    spans: list  # each sequence's (first, end) label positions of its response tokens
+
+
+def pack(rollouts: list, tokens: int, advantages: dict | None = None) -> list[MicroBatch]:
+    """First-fit-decreasing into rows of at most `tokens` (the pack pass's token budget);
+    `advantages`: sample key -> its advantage (0 for a forward-only pass)."""
+    rows: list[list] = []
+    for r in sorted(rollouts, key=lambda r: -(len(r.prompt) + len(r.response))):
+        length = len(r.prompt) + len(r.response)
+        if length > tokens:
+            raise ValueError(f"a sample of {length} tokens exceeds the micro-batch budget of {tokens}")
+        row = next((row for row in rows if sum(len(x.prompt) + len(x.response) for x in row) + length <= tokens), None)
+        if row is None:
+            rows.append([r])
+        else:
+            row.append(r)
+    return [_micro_batch(row, tokens, advantages or {}) for row in rows]
+
+
+def _micro_batch(row: list, tokens: int, advantages: dict) -> MicroBatch:
+    ids, pos, labels, mask, old, adv = ([0] * tokens for _ in range(6))
+    allowed = torch.zeros(tokens, tokens, dtype=torch.bool)
+    at, spans = 0, []
+    for r in row:
+        seq, n_prompt = list(r.prompt) + list(r.response), len(r.prompt)
+        end = at + len(seq)
+        ids[at:end], pos[at:end] = seq, range(len(seq))
+        labels[at:end - 1] = seq[1:]
+        for i in range(n_prompt - 1, len(seq) - 1):  # position i predicts response token i + 1
+            mask[at + i], old[at + i] = 1, r.behaviour_logprobs[i - n_prompt + 1]
+            adv[at + i] = advantages.get(r.key, 0.0)
+        spans.append((at + n_prompt - 1, end - 1))
+        allowed[at:end, at:end] = torch.tril(torch.ones(len(seq), len(seq), dtype=torch.bool))
+        at = end
+    as_row = lambda values, dtype=torch.long: torch.tensor(values, dtype=dtype)[None]  # noqa: E731
+    return MicroBatch(as_row(ids), as_row(pos), (~allowed)[None, None], as_row(labels), as_row(mask, torch.float),
+                      as_row(old, torch.float), as_row(adv, torch.float), [r.key for r in row], spans)
+
+
+def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p(label) per position from vocabulary-parallel logits [B, T, V/tp] (megatron's
+    vocab_parallel_cross_entropy is the negative log-likelihood, over [T, B])."""
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    scaled = (logits / temperature).transpose(0, 1).contiguous().float()
+    return -vocab_parallel_cross_entropy(scaled, labels.t().contiguous()).t()
+
+
+# ---- the learner ----
+def layout_of(stage: dict, world_size: int):
+    """The model's shape and the job's parallel layout, read back from a launch stage's megatron
+    config (what every rank has), for the weight sync."""
+    from aspc.ir.facts import ModelArch
+    from aspc.ir.graph import Parallel
+
+    c, m = stage["config"], stage["model_args"]
+    arch = ModelArch(layers=c["num_layers"], hidden=c["hidden_size"], heads=c["num_attention_heads"],
+                     kv_heads=c["num_query_groups"], head_dim=c.get("kv_channels", 0), ffn=c["ffn_hidden_size"],
+                     vocab=m["vocab_size"], experts=c.get("num_moe_experts") or 0, top_k=c.get("moe_router_topk", 0),
+                     expert_ffn=c.get("moe_ffn_hidden_size") or 0,
+                     dense_layers=list(c.get("moe_layer_freq", [1])).count(0),
+                     tied=m.get("share_embeddings_and_output_weights", False), qkv_bias=c.get("add_qkv_bias", False),
+                     attention="mla" if c.get("multi_latent_attention") else "gqa",
+                     qk_norm=c.get("qk_layernorm", False))
+    tp, pp, cp = c["tensor_model_parallel_size"], c["pipeline_model_parallel_size"], c["context_parallel_size"]
+    return arch, Parallel(tp=tp, pp=pp, cp=cp, dp=world_size // (tp * pp * cp), ep=c["expert_model_parallel_size"])
+
+
+@dataclass(frozen=True)
+class SyncSetup:
+    arch: object  # aspc.ir.facts.ModelArch of the policy
+    parallel: object  # the train stage's aspc.ir.graph.Parallel
+    comm: object  # weight_sync.TorchCommunicator over the stage's process groups
+    sender: object = None  # weight_sync.WeightSender, on rank 0 only
+
+
+class MegatronTrainer:
+    """The Trainer role (aspc/roles.py) on one megatron rank; every rank of the job runs the same
+    calls in the same order (the driver's learner actor is rank 0, the others follow its calls).
+    `reward_fn` scores on the host (rule and python rewards); `loss` is aspc's policy loss
+    (backends/cpu/losses.py: the same surrogate the CPU backend trains with)."""
+
+    def __init__(self, stage: dict, rank_args: dict, settings, reward_fn, sync, reference=None):
+        """`sync`: how weights leave (a SyncSetup: the model's shape, the stage's parallel layout, the
+        communicator, and on rank 0 the WeightSender)."""
+        self.stage, self.settings, self.reward_fn = stage, settings, reward_fn
+        self.sync, self.reference_model = sync, reference
+        self.model = self._wrapped(build_gpt(stage, rank_args))
+        self.optimizer = self._optimizer()
+        self.version = 0
+        self.stats: list[dict] = []
+
+    @staticmethod
+    def _wrapped(model):
+        """megatron's optimizer takes DDP-wrapped chunks; gradients are reduced by finalize_model_grads."""
+        from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
+                                               finalize_model_grads)
+
+        model.config.finalize_model_grads_func = finalize_model_grads
+        return DistributedDataParallel(model.config, DistributedDataParallelConfig(), module=model)
+
+    def _optimizer(self):
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        s = self.settings
+        optimizer_config = OptimizerConfig(optimizer="adam", lr=s.lr, weight_decay=s.weight_decay,
+                                           clip_grad=s.grad_clip, bf16=self.stage["config"].get("bf16", False),
+                                           params_dtype=materialize(self.stage["config"])["params_dtype"])
+        return get_megatron_optimizer(optimizer_config, [self.model])
+
+    def reward(self, rollouts: list) -> None:
+        for r in rollouts:
+            r.reward = r.task_reward = self.reward_fn(r)
+
+    def reference(self, rollouts: list) -> None:
+        found = self._logprobs(self.reference_model or self.model, rollouts)
+        for r in rollouts:
+            r.ref_logprobs = found[r.key]
+
+    def values(self, rollouts: list) -> None:
+        raise NotImplementedError("a megatron critic (value head) is not built yet; train with grpo or dapo")
+
+    def train(self, rollouts: list) -> None:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        s = self.settings
+        rewards = group_advantages([r.reward for r in rollouts], s.group, s.estimator, s.normalize,
+                                   [r.masked for r in rollouts])  # the controller hands whole groups
+        batches = pack(rollouts, self.stage["micro_batching"]["tokens"], dict(zip((r.key for r in rollouts), rewards)))
+        step = get_forward_backward_func()
+        self.stats += step(forward_step_func=self._forward_step, data_iterator=iter(batches), model=[self.model],
+                           num_microbatches=len(batches), seq_length=self.stage["micro_batching"]["tokens"],
+                           micro_batch_size=1, forward_only=False) or []
+
+    def _forward_step(self, data_iterator, model):
+
+        mb = next(data_iterator)
+        logits = model(mb.input_ids, mb.position_ids, mb.attention_mask)
+        s = self.settings
+
+        def loss_func(output):
+            logp = token_logprobs(output, mb.labels, s.temperature)
+            loss, stats = policy_loss(logp, mb.old_logprobs, None, mb.advantages, mb.loss_mask, s.loss, s.clip,
+                                      s.clip_high, 0.0, s.aggregation)
+            return loss, {"loss": loss.detach(), **stats}
+
+        return logits, loss_func
+
+    def optimizer_step(self) -> dict:
+        succeeded, grad_norm, _ = self.optimizer.step()
+        self.optimizer.zero_grad()
+        stats, self.stats = self.stats, []
+        return {"grad_norm": float(grad_norm or 0.0), "update_skipped": not succeeded, "micro_batches": len(stats)}
+
+    def snapshot(self):
+        """Publish the next version: every rank takes part in assembling full Hugging Face tensors
+        on rank 0 (weight_sync.gather_hf), where the sender stages them for the engines' refreshes;
+        other ranks return None."""
+        self.version += 1
+        local = {k: v for k, v in self.model.module.state_dict().items() if isinstance(v, torch.Tensor)}
+        if self.stage["config"].get("moe_grouped_gemm"):
+            local = grouped_to_sequential(self.sync.arch, local, self.sync.parallel.ep)
+        tensors = gather_hf(self.sync.arch, local, self.sync.parallel, self.sync.comm)
+        return self.sync.sender.publish(self.version, tensors) if self.sync.sender is not None else None
+
+    def _logprobs(self, model, rollouts: list) -> dict:
+        """Sample key -> its response tokens' log-probs under `model` (forward only)."""
+        with torch.no_grad():
+            out = {}
+            for mb in pack(rollouts, self.stage["micro_batching"]["tokens"]):
+                logp = token_logprobs(model(mb.input_ids, mb.position_ids, mb.attention_mask), mb.labels)
+                out.update(per_sequence(logp, mb))
+            return out
+
+
+def per_sequence(logp: torch.Tensor, mb: MicroBatch) -> dict:
+    """Sample key -> its response tokens' values in a packed row's per-position tensor [1, T]."""
+    return {key: logp[0, first:end].tolist() for key, (first, end) in zip(mb.keys, mb.spans)}
+
+
+def compile_forward(model, compiler: dict):
+    """torch.compile with torchair's NPU backend (GE graph mode, static shapes) for forward-only
+    executors (reference, reward model) whose launch stage carries a torchair config."""
+    import torchair
+
+    from aspc.backends.ascend.compiler_options import apply_compiler_options
+
+    config = apply_compiler_options(torchair.CompilerConfig(), compiler)
+    return torch.compile(model, backend=torchair.get_npu_backend(compiler_config=config),
+                         dynamic=compiler.get("dynamic", False))
+
+
+# ---- one job, many ranks: rank 0 leads, the others follow ----
+MODEL_CALLS = ("reference", "values", "train", "optimizer_step", "snapshot")  # every rank must run these
+
+
+class Leader:
+    """Rank 0's trainer as the driver's learner actor sees it: a call that touches the model is
+    first broadcast to the job's other ranks, which run the same call (megatron's collectives need
+    every rank, in the same order); host-only calls (rewards) run here alone."""
+
+    def __init__(self, trainer, broadcast=None):
+        self.trainer, self.broadcast = trainer, broadcast or broadcast_call
+
+    def __getattr__(self, name):
+        if name not in MODEL_CALLS:
+            return getattr(self.trainer, name)
+
+        def call(*args):
+            self.broadcast((name, args))
+            return getattr(self.trainer, name)(*args)
+
+        return call
+
+    def close(self) -> None:
+        self.broadcast(("stop", ()))
+
+
+def follow(trainer, receive=None) -> int:
+    """Ranks other than 0: run rank 0's calls until it stops; how many ran."""
+    receive = receive or broadcast_call
+    count = 0
+    while True:
+        name, args = receive(None)
+        if name == "stop":
+            return count
+        getattr(trainer, name)(*args)
+        count += 1
+
+
+def broadcast_call(call):
+    """Rank 0 sends `call`, every other rank receives it (torch.distributed's default group)."""
+    import torch.distributed as dist
+
+    box = [call]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def build_forward_model(stage: dict, rank_args: dict):
+    """A forward-only model (reference, reward model): this rank's GPTModel in eval mode, compiled
+    with torchair where the launch stage carries a `compiler` config (GE graph mode, static shapes:
+    the pack pass's buckets)."""
+    model = build_gpt(stage, rank_args).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return compile_forward(model, stage["compiler"]) if stage.get("compiler") else model

@@ -1,0 +1,254 @@
+"""Weight sync from megatron trainers to vLLM engines, as the Ascend stacks do it. Each function
+runs on one rank (SPMD) and moves tensors only through a `Communicator`: `TorchCommunicator`
+(torch.distributed, HCCL on an NPU) in a job, an in-process fake in the CPU tests.
+
+- `reshard_in_place` — colocated pools, as MindSpeed-RL does it
+  (mindspeed_rl/workers/resharding/vllm_weight_container.py, `get_infer_params`): all-gather
+  each parameter over the training tensor-parallel group, cut it again for the inference
+  tensor-parallel size, then broadcast every pipeline stage's parameters over the pipeline group,
+  so that each device holds its inference shard of every layer. Experts are gathered over the
+  expert-parallel group and each inference rank keeps its share (vLLM's expert parallelism over
+  the engine's tensor-parallel ranks: `enable_expert_parallel`), so experts come from every
+  expert-parallel rank, not from data-parallel rank 0 alone.
+- `gather_hf` + `send_hf` / `receive_hf` — separate pools, as vllm-ascend's HCCL weight transfer
+  does it (vllm_ascend/distributed/weight_transfer/hccl_engine.py): trainer rank 0 assembles full
+  Hugging Face-named tensors (tensor all-gather, expert all-gather, pipeline broadcast, as verl's
+  megatron per-tensor generator does) and broadcasts them one by one to every engine worker, which
+  knows their names, dtypes and shapes from `update_info` (`HCCLWeightTransferUpdateInfo`)."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
+
+import torch
+
+from aspc.backends.ascend import reshard
+from aspc.backends.ascend.groups import process_groups, rank_coords
+from aspc.ir.facts import ModelArch
+from aspc.ir.graph import Parallel
+
+
+class Communicator(Protocol):
+    """Collectives over groups of global ranks (each group a sorted list of ranks)."""
+
+    rank: int
+
+    def all_gather(self, tensor: torch.Tensor, group: list[int]) -> list[torch.Tensor]: ...
+
+    def broadcast(self, tensor: torch.Tensor, src: int, group: list[int]) -> torch.Tensor: ...
+
+
+# ---- where a rank sits ----
+def my_groups(par: Parallel, rank: int) -> dict[str, list[int]]:
+    """The tp, pp and ep groups that hold `rank` (ep: its tp group alone when ep = 1)."""
+    groups = process_groups(par)
+    mine = {axis: next(g for g in groups[axis] if rank in g) for axis in ("tp", "pp", "dp")}
+    mine["ep"] = next(g for g in groups["ep"] if rank in g) if "ep" in groups else [rank]
+    return mine
+
+
+def coords_of(par: Parallel, rank: int) -> dict[str, int]:
+    """tp, pp, dp and the expert-parallel rank ("ep") of a rank."""
+    coords = dict(rank_coords(par)[rank])
+    coords["ep"] = my_groups(par, rank)["ep"].index(rank)
+    return coords
+
+
+# ---- colocated: MindSpeed-RL's in-place resharding ----
+def reshard_in_place(arch: ModelArch, local: dict, train: Parallel, infer_tp: int, comm: Communicator) -> dict:
+    """This rank's inference weights (megatron names, global layer and expert numbers): its
+    inference tensor-parallel shard (rank % infer_tp) of every parameter, and of the experts the
+    share of inference rank rank % infer_tp. `local`: this rank's megatron state dict."""
+    _check_in_place(arch, train, infer_tp)
+    groups, coords = my_groups(train, comm.rank), coords_of(train, comm.rank)
+    infer_rank = comm.rank % infer_tp
+    mine = {}
+    for name in sorted(local):  # the same order on every rank of a stage: collectives pair up
+        full_name = reshard.global_name(arch, name, coords["pp"], train.pp, coords["ep"], train.ep)
+        for gname, tensor in _gathered(arch, full_name, local[name], train, groups, comm):
+            mine[gname] = _inference_shard(arch, gname, tensor, infer_tp, infer_rank)
+    return _broadcast_stages(arch, mine, train, groups["pp"], infer_tp, infer_rank, comm)
+
+
+def _check_in_place(arch: ModelArch, train: Parallel, infer_tp: int) -> None:
+    reshard.check_supported(arch, max(train.tp, infer_tp), train.pp, max(train.ep, infer_tp))
+    if (train.tp * train.dp * train.cp) % infer_tp:
+        raise reshard.LayoutError(f"inference tensor-parallel size {infer_tp} must divide the ranks of a pipeline "
+                                  f"stage ({train.tp * train.dp * train.cp}), as MindSpeed-RL requires")
+
+
+def _gathered(arch, name, tensor, train: Parallel, groups, comm) -> list[tuple[str, torch.Tensor]]:
+    """A parameter made whole: tensor all-gather, then for an expert the same local expert of every
+    expert-parallel rank (each (global name, full tensor))."""
+    cut = reshard.full_params(arch)[name]
+    full = reshard.merge(comm.all_gather(tensor, groups["tp"]), cut) if cut.dim is not None else tensor
+    if reshard.expert_of(name) is None or train.ep == 1:
+        return [(name, full)]
+    per_rank = arch.experts // train.ep
+    first = reshard.expert_of(name) % per_rank
+    out = []
+    for ep_rank, part in enumerate(comm.all_gather(full, groups["ep"])):
+        out.append((_renumber_expert(name, first + ep_rank * per_rank), part))
+    return out
+
+
+def _renumber_expert(name: str, expert: int) -> str:
+    parts = name.split(".")
+    parts[parts.index("local_experts") + 1] = str(expert)
+    return ".".join(parts)
+
+
+def _inference_shard(arch, name, full, infer_tp: int, infer_rank: int) -> torch.Tensor | None:
+    """What inference rank `infer_rank` keeps: its tensor-parallel cut; an expert whole on the one
+    rank that serves it (None elsewhere)."""
+    expert = reshard.expert_of(name)
+    if expert is None:
+        return reshard.split(full, reshard.full_params(arch)[name], infer_tp)[infer_rank]
+    return full if expert // (arch.experts // infer_tp) == infer_rank else None
+
+
+def _broadcast_stages(arch, mine: dict, train: Parallel, pp_group, infer_tp, infer_rank, comm) -> dict:
+    """Every stage's resharded parameters to every rank of the pipeline group (all of them share
+    one inference rank, `_check_in_place`): receivers allocate from the known shapes."""
+    shapes = inference_shapes(arch, infer_tp, infer_rank)
+    out = {k: v for k, v in mine.items() if v is not None}
+    for stage, src in enumerate(pp_group):
+        for name in sorted(n for n in shapes if reshard.stage_of(arch, n, train.pp) == stage):
+            buffer = out[name] if comm.rank == src else torch.empty(shapes[name], dtype=_dtype(mine))
+            out[name] = comm.broadcast(buffer, src, pp_group)
+    return out
+
+
+def inference_shapes(arch: ModelArch, infer_tp: int, infer_rank: int) -> dict[str, tuple[int, ...]]:
+    """The shapes of what inference rank `infer_rank` holds (meta tensors: nothing allocated)."""
+    out = {}
+    for name, shape in reshard.full_shapes(arch).items():
+        shard = _inference_shard(arch, name, torch.empty(shape, device="meta"), infer_tp, infer_rank)
+        if shard is not None:
+            out[name] = tuple(shard.shape)
+    return out
+
+
+def _dtype(tensors: dict) -> torch.dtype:
+    return next(t.dtype for t in tensors.values() if t is not None)
+
+
+# ---- separate pools: vllm-ascend's HCCL weight transfer ----
+def gather_hf(arch: ModelArch, local: dict, train: Parallel, comm: Communicator) -> dict[str, torch.Tensor]:
+    """Full Hugging Face-named tensors on trainer rank 0 (an empty dict on every other rank; all
+    ranks must call it, they take part in the collectives)."""
+    reshard.check_supported(arch, train.tp, train.pp, train.ep)
+    groups, coords = my_groups(train, comm.rank), coords_of(train, comm.rank)
+    whole = {}
+    for name in sorted(local):
+        full_name = reshard.global_name(arch, name, coords["pp"], train.pp, coords["ep"], train.ep)
+        whole.update(_gathered(arch, full_name, local[name], train, groups, comm))
+    if 0 not in groups["pp"]:  # only rank 0's pipeline group assembles the model
+        return {}
+    shapes = reshard.full_shapes(arch)
+    for stage, src in enumerate(groups["pp"]):
+        for name in sorted(n for n in shapes if reshard.stage_of(arch, n, train.pp) == stage):
+            buffer = whole[name] if comm.rank == src else torch.empty(shapes[name], dtype=_dtype(whole))
+            whole[name] = comm.broadcast(buffer, src, groups["pp"])
+    return reshard.to_hf(arch, whole) if comm.rank == 0 else {}
+
+
+def update_info(tensors: dict[str, torch.Tensor]) -> dict:
+    """vllm-ascend's HCCLWeightTransferUpdateInfo fields for these tensors, in sending order."""
+    names = sorted(tensors)
+    return {"names": names, "dtype_names": [str(tensors[n].dtype).removeprefix("torch.") for n in names],
+            "shapes": [list(tensors[n].shape) for n in names], "packed": False}
+
+
+def send_hf(tensors: dict[str, torch.Tensor], comm: Communicator, group: list[int]) -> None:
+    """The trainer side (rank group[0]): one broadcast per tensor, in `update_info` order, as
+    HCCLWeightTransferEngine.trainer_send_weights does unpacked."""
+    for name in update_info(tensors)["names"]:
+        comm.broadcast(tensors[name], group[0], group)
+
+
+def receive_hf(info: dict, comm: Communicator, group: list[int],
+               load_weights: Callable[[list[tuple[str, torch.Tensor]]], None], device: str = "cpu") -> None:
+    """An engine worker's side, as HCCLWeightTransferEngine.receive_weights does unpacked."""
+    for name, dtype_name, shape in zip(info["names"], info["dtype_names"], info["shapes"]):
+        weight = torch.empty(shape, dtype=getattr(torch, dtype_name), device=device)
+        load_weights([(name, comm.broadcast(weight, group[0], group))])
+
+
+def named_tensors(tensors: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) in `update_info` order: the iterator trainer_send_weights takes."""
+    return ((name, tensors[name]) for name in update_info(tensors)["names"])
+
+
+class TorchCommunicator:
+    """The Communicator over torch.distributed (HCCL on an NPU, gloo on a CPU): one process group
+    per distinct group, created on every rank in the same order (torch.distributed.new_group's rule)."""
+
+    def __init__(self, groups: Iterable[list[int]]):
+        import torch.distributed as dist
+
+        self.dist, self.rank = dist, dist.get_rank()
+        self.groups = {}
+        for group in sorted({tuple(g) for g in groups}):
+            self.groups[group] = dist.new_group(list(group))
+
+    def all_gather(self, tensor, group):
+        out = [torch.empty_like(tensor) for _ in group]
+        self.dist.all_gather(out, tensor.contiguous(), group=self.groups[tuple(group)])
+        return out
+
+    def broadcast(self, tensor, src, group):
+        self.dist.broadcast(tensor, src=src, group=self.groups[tuple(group)])
+        return tensor
+
+
+class WeightSender:
+    """Trainer rank 0's side of the weight refresh for separate pools: each published version's
+    Hugging Face tensors are staged (on the host, so the NPU keeps its memory for training) and
+    broadcast to one instance's group when that instance refreshes — on a thread of its own, so the
+    trainer goes on training meanwhile. `send(tensors, instance)` does one broadcast: on an NPU
+    HCCLWeightTransferEngine.trainer_send_weights over the instance's group (executors.py), in the
+    CPU tests `send_hf` over an in-process communicator. Versions older than the newest `keep` are
+    dropped (the staleness bound says how many an instance may still ask for)."""
+
+    def __init__(self, send: Callable[[dict, int], None], keep: int = 2):
+        import threading
+
+        self.send, self.keep, self.threading = send, keep, threading
+        self.staged: dict[int, dict] = {}
+        self.lock = threading.Lock()
+
+    def publish(self, version: int, tensors: dict):
+        from aspc.backends.ascend.engine_actor import PublishedWeights
+
+        staged = {name: t.detach().to("cpu", copy=True) for name, t in tensors.items()}
+        with self.lock:
+            self.staged[version] = staged
+            for old in sorted(self.staged)[:-self.keep]:
+                del self.staged[old]
+        return PublishedWeights(version, update_info(staged), self)
+
+    def start(self, version: int, instance: int):
+        with self.lock:
+            tensors = self.staged[version]
+        errors: list = []
+
+        def run():
+            try:
+                self.send(tensors, instance)
+            except Exception as error:  # re-raised on the engine's side by wait()
+                errors.append(error)
+
+        thread = self.threading.Thread(target=run, name=f"send-v{version}-to-{instance}", daemon=True)
+        thread.start()
+        return thread, errors
+
+    def wait(self, pending) -> None:
+        thread, errors = pending
+        thread.join()
+        if errors:
+            raise errors[0]
+
+    def __getstate__(self):
+        raise TypeError("a WeightSender stays on trainer rank 0: engines in other processes reach it through "
+                        "the driver's actor handle, never a copy")

@@ -1,0 +1,327 @@
+"""The Ascend executors' protocol on CPU: the real controller and local driver drive VllmEngine
+(backends/ascend/engine_actor.py) over a fake of vLLM's offline API, whose "model" is the CPU
+backend's tiny generator; weight refreshes go through vLLM's weight-transfer calls while the
+trainer side broadcasts over an in-process communicator (backends/ascend/weight_sync.py).
+The megatron side builds real megatron-core modules on CPU where it can."""
+import dataclasses
+import itertools
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from aspc.backends.ascend.engine_actor import VllmEngine
+from aspc.backends.ascend.engine_args import weight_refresh
+from aspc.backends.ascend.lowering import lower
+from aspc.backends.ascend.trainer_actor import pack, per_sequence
+from aspc.backends.ascend.weight_sync import WeightSender, receive_hf, send_hf
+from aspc.backends.cpu.executors import CpuExecutors
+from aspc.drivers.local.runtime import LocalRuntime, RunOptions
+from aspc.plan.toolchain import compile_with_passes
+from conftest import ROOT
+from fake_comm import Hub, ThreadCommunicator
+
+TINY = ROOT / "pipelines" / "tiny_grpo.aspl"
+
+
+# ---- a fake of vLLM 0.23's offline API (names as in vllm/entrypoints/llm.py, vllm/outputs.py) ----
+@dataclasses.dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int | None = 16
+    seed: int | None = None
+    logprobs: int | None = None
+
+
+class FakeLLM:
+    """LLM(**engine_args) whose engine decodes with a CPU BatchGenerator; it records every call
+    the executor makes, and receives weights as vllm-ascend's worker does (broadcast per tensor)."""
+
+    def __init__(self, generator, comm, **engine_args):
+        self.generator, self.comm, self.engine_args = generator, comm, engine_args
+        self.calls: list[str] = []
+        self.received: dict = {}
+        self.llm_engine = SimpleNamespace(add_request=self._add_request, step=self._step)
+
+    def _add_request(self, request_id, prompt, params):
+        assert isinstance(request_id, str) and params.logprobs == 0
+        self.generator.add(request_id, prompt["prompt_token_ids"], params.seed)
+
+    def _step(self):
+        outputs = []
+        for f in self.generator.step():
+            logprobs = [{token: SimpleNamespace(logprob=lp)} for token, lp in zip(f.response, f.logprobs)]
+            completion = SimpleNamespace(token_ids=f.response, logprobs=logprobs, finish_reason="stop")
+            outputs.append(SimpleNamespace(request_id=f.key, prompt_token_ids=f.prompt, outputs=[completion],
+                                           finished=True))
+        return outputs
+
+    def init_weight_transfer_engine(self, request):
+        self.calls.append("init_weight_transfer_engine")
+        assert set(request["init_info"]) == {"master_address", "master_port", "rank_offset", "world_size"}
+
+    def start_weight_update(self, is_checkpoint_format=True):
+        self.calls.append("start_weight_update")
+        self.received = {}
+
+    def update_weights(self, request):
+        self.calls.append("update_weights")
+        receive_hf(request["update_info"], self.comm, [0, 1], lambda pairs: self.received.update(pairs))
+
+    def finish_weight_update(self):
+        self.calls.append("finish_weight_update")
+        self.generator.load_weights(self.received)
+
+    def sleep(self, level=1):
+        self.calls.append(f"sleep({level})")
+
+    def wake_up(self, tags=None):
+        self.calls.append(f"wake_up({tags})")
+
+
+class FakeNpuExecutors(CpuExecutors):
+    """The CPU backend's host side (prompts, rewards, the learner), with every generation instance
+    a VllmEngine over FakeLLM and every weight refresh a broadcast from the trainer's sender."""
+
+    def __init__(self, plan, base_dir, seed=0):
+        super().__init__(plan, base_dir, seed)
+        self.launch = dataclasses.asdict(next(s for s in lower(plan, base_dir).stages if s.kind == "generate"))
+        self.hubs: dict[int, Hub] = {}
+        self.sender = WeightSender(self._send)
+        self.versions = itertools.count()
+        self.engines: list[VllmEngine] = []
+
+    def _hub(self, instance):
+        return self.hubs.setdefault(instance, Hub())
+
+    def _send(self, tensors, instance):
+        send_hf(tensors, ThreadCommunicator(0, self._hub(instance)), [0, 1])
+
+    def generation_engine(self, index, instances):
+        generator = super().generation_engine(index, instances)
+        comm = ThreadCommunicator(1, self._hub(index))
+        api = SimpleNamespace(LLM=lambda **args: FakeLLM(generator, comm, **args), SamplingParams=SamplingParams)
+        engine = VllmEngine(self.launch, index, api)
+        engine.connect({"master_address": "127.0.0.1", "master_port": 0, "rank_offset": 1, "world_size": 2})
+        self.engines.append(engine)
+        return engine
+
+    def snapshot(self):
+        return self._publish(super().snapshot())
+
+    def trainer(self):
+        learner = super().trainer()
+        if not hasattr(learner, "cpu_snapshot"):
+            learner.cpu_snapshot, learner.snapshot = learner.snapshot, lambda: self._publish(learner.cpu_snapshot())
+        return learner
+
+    def _publish(self, snapshot):
+        state = getattr(snapshot, "state", snapshot)  # the learner's PolicyWeights, or a state dict
+        return self.sender.publish(getattr(snapshot, "version", next(self.versions)), state)
+
+
+def tiny_plan(overrides=("schedule.staleness=0",)):
+    return compile_with_passes(TINY, list(overrides)).plan()
+
+
+def run(executors, steps=2):
+    runtime = LocalRuntime(tiny_plan(), ROOT / "pipelines", RunOptions(steps=steps, warmstart_steps=0), executors)
+    runtime.build()
+    return runtime, runtime.run().metrics
+
+
+def test_the_controller_drives_vllm_engines_as_it_drives_the_cpu_generators():
+    """Same plan, same seeds: the fake-vLLM run trains the same samples per step as the CPU run,
+    and its first step (identical weights, identical seeds) generates the same responses with the
+    same behaviour log-probs (the importance weight compares them with the learner's)."""
+    runtime, metrics = run(FakeNpuExecutors)
+    _, cpu = run(CpuExecutors)
+    assert [m["trained"] for m in metrics] == [m["trained"] for m in cpu]
+    for key in ("reward", "response_len", "is_weight"):
+        assert metrics[0][key] == cpu[0][key], key
+    engines = runtime.executors.engines
+    assert len(engines) == 2 and all(not e.busy for e in engines)
+    for engine in engines:
+        assert engine.llm.engine_args["max_num_seqs"] == engine.slots
+        first, *calls = engine.llm.calls
+        assert first == "init_weight_transfer_engine"
+        assert calls and calls == ["start_weight_update", "update_weights", "finish_weight_update"] * (len(calls) // 3)
+
+
+def test_a_refresh_loads_exactly_the_published_tensors():
+    executors = FakeNpuExecutors(tiny_plan(), ROOT / "pipelines")
+    engine = executors.generation_engine(0, 2)
+    weights = {name: torch.randn_like(t) for name, t in executors.actor.state_dict().items()}
+    engine.load_weights(executors.sender.publish(7, weights))
+    loaded = engine.llm.generator.model.state_dict()
+    assert all(torch.equal(loaded[name], weights[name]) for name in weights)
+    assert engine.version == 7
+
+
+def test_a_colocated_engine_sleeps_and_wakes_weights_then_kv_cache_around_the_refresh():
+    """The launch plan's colocated refresh (engine_args.weight_refresh): sleep, wake the weights,
+    receive them, wake the KV cache; an engine given work without a refresh wakes whole."""
+    plan = tiny_plan()
+    executors = FakeNpuExecutors(plan, ROOT / "pipelines")
+    shared = dataclasses.replace(plan.stages_of("generate")[0], placement="time_shared")
+    executors.launch["micro_batching"]["weight_refresh"] = weight_refresh(shared)
+    engine = executors.generation_engine(0, 2)
+    engine.sleep()
+    engine.load_weights(executors.snapshot())
+    assert engine.llm.calls[1:] == ["sleep(1)", "wake_up(['weights'])", "start_weight_update", "update_weights",
+                                    "finish_weight_update", "wake_up(['kv_cache'])"]
+    engine.sleep()
+    engine.add(("k",), [1, 2, 3], seed=1)
+    assert engine.llm.calls[-2:] == ["sleep(1)", "wake_up(None)"]
+    with pytest.raises(RuntimeError, match="in flight"):
+        engine.sleep()
+
+
+def test_an_engine_outside_the_transfer_group_refuses_a_refresh_before_anything_is_sent():
+    executors = FakeNpuExecutors(tiny_plan(), ROOT / "pipelines")
+    engine = executors.generation_engine(0, 2)
+    engine.connected = False
+    with pytest.raises(RuntimeError, match="weight-transfer group"):
+        engine.load_weights(executors.snapshot())
+    assert engine.llm.calls == ["init_weight_transfer_engine"]
+
+
+def test_a_failed_send_surfaces_on_the_engine_side():
+    def broken(tensors, instance):
+        raise ConnectionError("HCCL group of instance 0 is gone")
+
+    sender = WeightSender(broken)
+    published = sender.publish(1, {"w": torch.zeros(2)})
+    with pytest.raises(ConnectionError, match="gone"):
+        sender.wait(sender.start(published.version, 0))
+
+
+def test_only_the_newest_versions_stay_staged():
+    sender = WeightSender(lambda tensors, instance: None, keep=2)
+    for version in range(4):
+        sender.publish(version, {"w": torch.full((1,), float(version))})
+    assert sorted(sender.staged) == [2, 3]
+
+
+# ---- the megatron side ----
+def rollout(key, prompt, response):
+    return SimpleNamespace(key=key, prompt=prompt, response=response, behaviour_logprobs=[-0.5] * len(response))
+
+
+def test_packing_keeps_sequences_apart_and_every_response_token_in_the_loss():
+    rollouts = [rollout("a", [1, 2, 3], [4, 5]), rollout("b", [6, 7], [8, 9, 10]), rollout("c", [1] * 6, [2] * 3)]
+    batches = pack(rollouts, tokens=12, advantages={"a": 1.0, "b": -1.0, "c": 0.5})
+    assert sorted(k for mb in batches for k in mb.keys) == ["a", "b", "c"]
+    assert sum(int(mb.loss_mask.sum()) for mb in batches) == 2 + 3 + 3
+    mb = next(mb for mb in batches if "a" in mb.keys and "b" in mb.keys)
+    masked = mb.attention_mask[0, 0]
+    a, b = mb.spans[mb.keys.index("a")], mb.spans[mb.keys.index("b")]
+    assert masked[b[0], a[0]] and not masked[b[0], b[0] - 1]  # b sees itself, never a
+    labels = mb.labels[0].tolist()
+    assert [labels[i] for i in range(*a)] == [4, 5] and [labels[i] for i in range(*b)] == [8, 9, 10]
+    per = per_sequence(mb.advantages, mb)
+    assert per["a"] == [1.0, 1.0] and per["b"] == [-1.0] * 3
+    with pytest.raises(ValueError, match="exceeds"):
+        pack([rollout("d", [1] * 10, [2] * 10)], tokens=12)
+
+
+def test_every_rank_of_a_megatron_job_runs_rank_zeros_calls_and_reshards_over_torch_distributed(tmp_path):
+    """Two processes over gloo: the follower runs the model calls (not the host-only reward); then
+    both reshard TP2 -> TP1 in place, and gather the Hugging Face checkpoint on rank 0, through
+    weight_sync.TorchCommunicator's real collectives."""
+    import torch.multiprocessing as mp
+
+    import follower_job
+
+    context = mp.get_context("spawn")
+    results = context.SimpleQueue()
+    mp.start_processes(follower_job.run, args=(str(tmp_path / "store"), results), nprocs=2, start_method="spawn")
+    ranks = dict(results.get() for _ in range(2))
+    model_calls = [("train", (["r1", "r2"],)), ("optimizer_step", ()), ("snapshot", ())]
+    assert ranks[0][0] == [("reward", (["r1"],))] + model_calls
+    assert ranks[1][0] == model_calls
+    assert all(in_place and gathered for _, in_place, gathered in ranks.values())
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """megatron's model-parallel state on one CPU rank (gloo)."""
+    pytest.importorskip("megatron.core")
+    from megatron.core import parallel_state
+
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel()
+    yield
+    parallel_state.destroy_model_parallel()
+
+
+def megatron_layout(model) -> dict:
+    return {name: tuple(t.shape) for name, t in model.state_dict().items() if isinstance(t, torch.Tensor)}
+
+
+def test_the_lowered_train_stage_builds_a_megatron_model_in_the_reshard_layout(one_rank):
+    """build_gpt follows the launch plan's builders; the parameters megatron-core 0.16.1 creates are
+    exactly the names and shapes the weight sync reshards (backends/ascend/reshard.py)."""
+    from aspc.backends.ascend import reshard
+    from aspc.backends.ascend.trainer_actor import build_gpt, layout_of
+
+    plan = tiny_plan()
+    launch = lower(plan, ROOT / "pipelines")
+    stage = next(s for s in launch.stages if s.kind == "train")
+    rank0 = next(p for p in launch.processes if p.stage == stage.stage and p.rank == 0)
+    model = build_gpt(dataclasses.asdict(stage), rank0.model_args, use_cpu_initialization=True)
+    assert megatron_layout(model) == reshard.full_shapes(plan.model(plan.stages_of("train")[0].model).arch)
+    arch, parallel = layout_of(dataclasses.asdict(stage), rank0.world_size)  # what a follower rank reads back
+    assert reshard.full_shapes(arch) == megatron_layout(model) and parallel.devices == rank0.world_size
+
+
+def test_a_moe_model_with_qk_norm_has_the_reshard_layout_in_megatron(one_rank):
+    """Experts as megatron's SequentialMLP holds them (moe_grouped_gemm off), Qwen3's q/k norm."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from aspc.backends.ascend import reshard
+    from aspc.ir.facts import ModelArch
+
+    arch = ModelArch(layers=2, hidden=16, heads=4, kv_heads=2, head_dim=4, ffn=32, vocab=64, experts=4, top_k=2,
+                     expert_ffn=8, qkv_bias=True, qk_norm=True)
+    config = TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=4, num_query_groups=2, kv_channels=4,
+                               ffn_hidden_size=32, normalization="RMSNorm", gated_linear_unit=True,
+                               add_bias_linear=False, add_qkv_bias=True, qk_layernorm=True, num_moe_experts=4,
+                               moe_router_topk=2, moe_ffn_hidden_size=8, moe_token_dispatcher_type="allgather",
+                               use_cpu_initialization=True, activation_func=torch.nn.functional.silu)
+    spec = get_gpt_layer_local_spec(num_experts=4, qk_layernorm=True, normalization="RMSNorm")
+    model = GPTModel(config, transformer_layer_spec=spec, vocab_size=64, max_sequence_length=32,
+                     position_embedding_type="rope")
+    assert megatron_layout(model) == reshard.full_shapes(arch)
+
+
+NPU_PIPELINE = TINY.read_text().replace("pool cpu = cpu x 2", "pool cpu = 910b3 x 2")
+
+
+def test_the_ray_driver_places_instances_and_the_learner_on_npu_bundles(tmp_path):
+    """On an Ascend pool every generation actor asks for its instance's NPUs and the learner for
+    its rank 0's, so Ray sets ASCEND_RT_VISIBLE_DEVICES in each; here Ray is told it has 3 NPUs
+    and probes stand in for the actors (the placement, not the actors, is under test)."""
+    ray = pytest.importorskip("ray")
+    from aspc.drivers.ray.runtime import RayRuntime
+
+    source = tmp_path / "npu.aspl"
+    source.write_text(NPU_PIPELINE)
+    plan = compile_with_passes(source, ["schedule.staleness=0"]).plan()
+    assert plan.pool("cpu").hardware == "910b3"
+    ray.shutdown()
+    ray.init(num_cpus=2, resources={"NPU": 3}, include_dashboard=False, log_to_driver=False)
+    try:
+        runtime = RayRuntime(plan, ROOT / "pipelines", RunOptions(steps=1, warmstart_steps=0), CpuExecutors)
+        runtime.gen_workers = [None, None]  # two instances of one NPU each, then the learner
+        runtime.placement = runtime._placement_group()
+        probe = ray.remote(lambda: os.environ.get("ASCEND_RT_VISIBLE_DEVICES"))
+        visible = ray.get([probe.options(**runtime._bundle(i)).remote() for i in range(3)], timeout=120)
+        assert sorted(visible) == ["0", "1", "2"]  # one NPU each, none shared
+    finally:
+        ray.shutdown()
