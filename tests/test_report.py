@@ -13,7 +13,7 @@ from aspc.cli.report import _changes
 from aspc.plan.toolchain import compile_with_passes
 from aspc.report.decisions import decisions
 from aspc.report.timeline import BINS, EXACT_LIMIT, SHOWN, TICKS, timeline_data
-from tests.conftest import ROOT
+from conftest import ROOT
 
 PIPELINE = "pipelines/tiny_grpo_split.aspl"
 SVG_NAMESPACE = "http://www.w3.org/2000/svg"  # an XML namespace name, never fetched

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from conftest import ROOT
 
 PIPELINE = ROOT / "pipelines" / "tiny_grpo_split.aspl"
 # as root, without a sandbox; no background connections (the machine's network is closed anyway)
