@@ -21,13 +21,14 @@ import functools
 import math
 from dataclasses import dataclass
 
-from aspc.costmodel.learner import pipeline_fill_drain
+from aspc.algorithms.packing import bucket_for, choose_buckets, first_fit_decreasing
+from aspc.costmodel.learner import balance, pipeline_fill_drain
 from aspc.costmodel.roofline import (GenerationCost, LearnerCost, broadcast_seconds, gather_to_sender_seconds,
                                      offload_seconds, parameters, reshard_seconds, weight_shard_bytes)
 from aspc.costmodel.workload import sample_step
 from aspc.ir.facts import DTYPE_BYTES
 from aspc.ir.graph import Parallel, StageGraph, StageKind
-from aspc.passes.layout_space import Candidate, Roles
+from aspc.ir.layout_space import Candidate, Roles
 
 SAMPLED_STEPS = 2
 
@@ -57,8 +58,12 @@ class Estimate:
 class Estimator:
     """Prices candidates of one program under one schedule; caches per stage shape."""
 
-    def __init__(self, graph: StageGraph, roles: Roles, schedule: str, staleness: int):
+    def __init__(self, graph: StageGraph, roles: Roles, schedule: str, staleness: int,
+                 packings: dict | None = None):
+        """`packings`: a cache of packed steps that estimators of one program at other staleness
+        bounds share (packing does not depend on it)."""
         self.graph, self.roles, self.schedule, self.staleness = graph, roles, schedule, staleness
+        self.packings = {} if packings is None else packings
         data = graph.data[roles.gen.data]
         steps = [sample_step(data, s) for s in range(SAMPLED_STEPS)]
         self.responses = [sorted((x.response_len for x in step), reverse=True) for step in steps]
@@ -71,9 +76,11 @@ class Estimator:
         self.arch, self.dtype = model.arch, DTYPE_BYTES[model.dtype]
         self.hw = graph.pools[roles.gen_pool].hardware
 
-    def estimate(self, c: Candidate) -> Estimate:
+    def estimate(self, c: Candidate, packing: tuple[int, int] | None = None) -> Estimate:
+        """`packing` (token budget, bucket count): price the micro-batches' padding and count as the
+        pack pass forms them; None: unpadded, at the train stage's micro_tokens."""
         gen, gen_useful = self._generation(c.gen_parallel, c.gen_instances, c.colocated)
-        learn, learn_useful = self._learner(c)
+        learn, learn_useful = self._learner(c, packing)
         load, publish = self._sync(c)
         if c.colocated:
             step = gen + learn + load + publish
@@ -126,20 +133,21 @@ class Estimator:
         return sum(share[batch:]) / rate + drain
 
     # ---- learner side ----
-    def _learner(self, c: Candidate) -> tuple[float, float]:
+    def _learner(self, c: Candidate, packing: tuple[int, int] | None) -> tuple[float, float]:
         total = useful = 0.0
         for placed in c.layout.stages:
             stage = self.graph.stage(placed.stage)
             if stage.kind is StageKind.GENERATE:
                 continue
             streamed = self.schedule == "asp" and not c.colocated
-            seconds, busy = self._stage_cached(placed.stage, placed.parallel, placed.instances, streamed)
+            seconds, busy = self._stage_cached(placed.stage, placed.parallel, placed.instances, streamed, packing)
             total += seconds
             useful += busy
         return total, useful
 
     @functools.lru_cache(maxsize=4096)  # noqa: B019
-    def _stage_cached(self, name: str, par: Parallel, instances: int, streamed: bool) -> tuple[float, float]:
+    def _stage_cached(self, name: str, par: Parallel, instances: int, streamed: bool,
+                      packing: tuple[int, int] | None = None) -> tuple[float, float]:
         stage = self.graph.stage(name)
         model_name = stage.model or _scoring_model(stage)
         if model_name is None:
@@ -152,9 +160,56 @@ class Estimator:
         squares = sum(x * x for step in self.lengths for x in step) / SAMPLED_STEPS / ranks
         train = stage.kind in (StageKind.TRAIN, StageKind.CRITIC)
         busy = (cost.train if train else cost.forward)(tokens, squares) * (stage.option("epochs", 1) or 1)
-        micro = max(1, math.ceil(self._unit_tokens(name, streamed) / par.dp / (stage.option("micro_tokens") or 16384)))
-        seconds = busy + pipeline_fill_drain(busy, micro, par.pp) + (cost.optimizer() if train else 0.0)
+        if packing is None:
+            padded = busy
+            micro = max(1, math.ceil(self._unit_tokens(name, streamed) / par.dp
+                                     / (stage.option("micro_tokens") or 16384)))
+        else:
+            factor, micro = self._packed(*packing, par.dp, streamed)
+            padded = busy * factor
+        seconds = padded + pipeline_fill_drain(padded, micro, par.pp) + (cost.optimizer() if train else 0.0)
         return seconds, busy * cost.rank_devices * ranks
+
+    def _packed(self, tokens: int, buckets: int, ranks: int, streamed: bool) -> tuple[float, float]:
+        key = (tokens, buckets, ranks, streamed)
+        if key not in self.packings:
+            self.packings[key] = self._pack(*key)
+        return self.packings[key]
+
+    def _pack(self, tokens: int, buckets: int, ranks: int, streamed: bool) -> tuple[float, float]:
+        """(processed / useful tokens, micro-batches of one rank per unit) when the sampled steps are
+        packed as the simulator packs them: each unit (a streamed micro-batch of `stream` samples,
+        else the step) balanced over the ranks, first-fit-decreasing into `tokens`, padded to the
+        `buckets` sizes the pack pass would choose for these fills (0: dynamic shapes, no padding).
+        Bucket sizes are aligned to 1/256 of the budget (the pass: 64 tokens) to keep it fast."""
+        fills, per_rank = self._fills(tokens, ranks, streamed)
+        sizes = choose_buckets(fills, buckets, tokens, max(64, tokens // 256)) if buckets else ()
+        padded = sum(bucket_for(f, sizes) for f in fills) if sizes else sum(fills)
+        return padded / sum(fills), per_rank
+
+    def _fills(self, tokens: int, ranks: int, streamed: bool) -> tuple[list[int], float]:
+        """Every micro-batch's tokens, and micro-batches of one rank per unit."""
+        key = ("fills", tokens, ranks, streamed)
+        if key not in self.packings:
+            self.packings[key] = self._fill(tokens, ranks, streamed)
+        return self.packings[key]
+
+    def _fill(self, tokens: int, ranks: int, streamed: bool) -> tuple[list[int], float]:
+        units = self._split(ranks, streamed)
+        fills = [sum(rank[i] for i in b) for unit in units for rank in unit if rank
+                 for b in first_fit_decreasing(rank, tokens)]
+        return fills, max(1.0, len(fills) / (len(units) * ranks))
+
+    def _split(self, ranks: int, streamed: bool) -> list[list[list[int]]]:
+        """Each unit's sequence lengths balanced over the ranks (longest first onto the least loaded:
+        within one sequence of the pass's Karmarkar-Karp, and fast), shared by every budget."""
+        key = ("split", ranks, streamed)
+        if key not in self.packings:
+            stream = self.graph.schedule.option("stream") or 16
+            units = [step[i:i + stream] for step in self.lengths for i in range(0, len(step), stream)] \
+                if streamed else self.lengths
+            self.packings[key] = [balance(unit, ranks) for unit in units]
+        return self.packings[key]
 
     def _unit_tokens(self, name: str, streamed: bool) -> float:
         """Tokens of one unit of learner work: a streamed micro-batch of `stream` samples under asp

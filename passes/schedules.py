@@ -21,9 +21,12 @@ def schedule_for(graph: StageGraph, kind: str | None) -> ScheduleSpec:
     """The file's schedule, or `kind` with its defaults when another one is asked for."""
     if kind is None or kind == graph.schedule.kind:
         return graph.schedule
-    defaults = {name: spec.default for name, spec in schema.SCHEDULES[kind].items()}
+    defaults = {name: spec.default for name, spec in schema.SCHEDULES[kind].items()
+                if name not in schema.SEARCH_BOUNDS}  # not given: nothing searched (left out, as the front end does)
     if graph.schedule.option("placement") == "auto":  # every schedule at its own layout (auto-place)
         defaults["placement"] = "auto"
+        if graph.schedule.option("max_pack") is not None:  # and its own micro-batch budget
+            defaults["max_pack"] = graph.schedule.option("max_pack")
     return ScheduleSpec(kind, tuple(sorted(defaults.items())))
 
 
@@ -36,7 +39,8 @@ def _pipeline(schedule: ScheduleSpec) -> str:
     if schedule.kind == "sync-naive":
         return "place"
     if schedule.kind == "sync":
-        return "continuous-batching,place,queue-aware-dispatch{policy=round_robin},pack{buckets=0}"
+        return ("continuous-batching,place,queue-aware-dispatch{policy=round_robin},"
+                f"pack{{tokens={schedule.option('pack') or 0},buckets=0}}")  # pack: auto-place's budget
     o = schedule.option
     passes = ["continuous-batching", "place", f"async-decouple{{staleness={o('staleness')}}}",
               f"queue-aware-dispatch{{policy={o('dispatch')}}}", f"stream{{micro={o('stream')}}}",

@@ -13,8 +13,8 @@ from aspc.frontend.compiler import compile_file, compile_source
 from aspc.ir.graph import LayoutChoice, Parallel, StageKind
 from aspc.ir.memory import USABLE_HBM_FRACTION, training_need
 from aspc.ir.printer import print_ir
-from aspc.passes.auto_place import search
-from aspc.passes.layout_space import candidates, roles_of
+from aspc.passes.layout_search import search
+from aspc.ir.layout_space import candidates, roles_of
 from aspc.plan.toolchain import compile_with_passes, run_schedule
 
 SMALL = """\
@@ -129,20 +129,109 @@ def test_compare_best_layout_simulates_each_schedule_at_its_best_layout(tmp_path
     assert cli("simulate", str(path), "--best-layout").exit_code == 2  # needs --compare
 
 
-def test_a_program_outside_the_search_space_is_refused_at_the_schedule(tmp_path):
+def test_a_program_outside_the_search_space_is_refused_at_check(tmp_path):
     text = SMALL.replace('stage score', 'stage gen2   = generate(actor, prompts) on rollout { tp = 2 }\nstage score')
-    result = cli("compile", str(write(tmp_path, text)))
+    result = cli("check", str(write(tmp_path, text)))
     assert result.exit_code == 1
-    assert "pass 'auto-place' failed: automatic placement handles one generate" in result.stderr
-    assert "small.aspl:14:" in result.stderr  # the schedule block's line
+    assert "automatic placement handles one generate" in result.stderr
+    assert "small.aspl:10:" in result.stderr  # the second generate stage
     assert "Traceback" not in result.output
 
 
+def test_check_refuses_a_program_no_layout_fits(tmp_path):
+    """2 devices cannot hold a 7B model's training state at the pinned tp = 1: check says so, at the
+    schedule, as compile would (the front end leaves these pools' fit to the search); 4 can."""
+    text = SMALL.replace("910b3 x 4", "910b3 x 1")
+    result = cli("check", str(write(tmp_path, text, "tp = 1")))
+    assert result.exit_code == 1
+    assert "small.aspl:13:" in result.stderr and "no layout of the pools fits" in result.stderr
+    assert "tp = 1 is pinned here" in result.stderr
+    roomier = SMALL.replace("910b3 x 4", "910b3 x 2")  # 4 devices: tp 1 x dp 4 shards the optimizer enough
+    assert cli("check", str(write(tmp_path, roomier, "tp = 1"))).exit_code == 0
+
+
+KNOBS = SMALL.replace("staleness = 1, stream = 16", "max_staleness = 2, max_pack = 8k, max_buckets = 4, stream = 16")
+KNOB_TRAIN = "tp = 4"  # micro_tokens unwritten: `pack` is the search's
+
+
+def knobs_program(tmp_path: Path) -> Path:
+    return write(tmp_path, KNOBS.replace(", micro_tokens = 4k", ""), KNOB_TRAIN)
+
+
+def test_schedule_settings_are_searched_within_their_bounds_and_applied(tmp_path):
+    path = knobs_program(tmp_path)
+    ranked = search(compile_file(path).graph)
+    best = ranked[0].knobs
+    assert best.staleness in (0, 1, 2) and best.pack in (2048, 4096, 8192) and best.buckets in (1, 2, 3, 4)
+    compiled = compile_with_passes(path)
+    assert f"async-decouple{{staleness={best.staleness}}}" in compiled.passes
+    assert f"pack{{tokens={best.pack},buckets={best.buckets}}}" in compiled.passes
+    [channel] = compiled.graph.stages_of(StageKind.CHANNEL)
+    assert channel.channel.staleness == best.staleness
+    shape = compiled.graph.stage("update").micro_batching
+    assert shape.tokens == best.pack and 1 <= len(shape.buckets) <= best.buckets
+    choice = compiled.graph.stage("gen").layout
+    assert choice.chosen == ranked[0].describe() and f"staleness={best.staleness}" in choice.chosen
+    assert "searched staleness 0..2, pack 2048..8192, buckets 1..4" in choice.why
+    assert choice.runners_up and all(" ".join(r.split()[:-1]) != choice.chosen for r in choice.runners_up)
+    assert f"staleness={best.staleness}" in print_ir(compiled.graph)
+
+
+def test_the_simplest_setting_within_half_a_percent_wins(tmp_path):
+    ranked = search(compile_file(knobs_program(tmp_path)).graph)
+    top = max(r.estimate.tps for r in ranked)
+    chosen = ranked[0]
+    assert chosen.estimate.tps >= 0.995 * top
+    simpler = [r for r in ranked if r.layout == chosen.layout and r.estimate.tps >= 0.995 * top
+               and (r.staleness, r.packing[1]) < (chosen.staleness, chosen.packing[1])]
+    assert not simpler
+
+
+def test_tune_writes_the_chosen_settings_in_place_of_their_bounds(tmp_path):
+    path = knobs_program(tmp_path)
+    result = cli("tune", str(path), "--confirm", "0")
+    assert result.exit_code == 0, result.output
+    best = search(compile_file(path).graph)[0].knobs
+    lines = result.stdout.splitlines()
+    schedule = next(line for line in lines if line.startswith("schedule"))
+    assert f"staleness = {best.staleness}" in schedule and f"buckets = {best.buckets}" in schedule
+    assert "max_" not in schedule and "placement" not in schedule
+    assert f"micro_tokens = {best.pack}" in next(line for line in lines if line.startswith("stage update"))
+    tuned = run_schedule(compile_source(result.stdout, "tuned.aspl", None, tmp_path), "asp").graph
+    auto = compile_with_passes(path).graph
+    assert layout_of(tuned) == layout_of(auto)
+    assert tuned.stage("update").micro_batching == auto.stage("update").micro_batching
+    assert tuned.stage("gen.channel").channel == auto.stage("gen.channel").channel
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("max_staleness = 2,", "max_staleness = 2, staleness = 1,"), "but `staleness` is written"),
+    (("max_buckets = 4,", "max_buckets = 4, buckets = 2,"), "but `buckets` is written"),
+    (("max_pack = 8k,", "max_pack = 1k,"), "max_pack = 1024 cannot hold one sequence"),
+    (("placement = auto, ", ""), "max_staleness bounds the automatic placement's search"),
+])
+def test_a_search_bound_beside_a_pin_or_without_auto_is_refused(tmp_path, edit, message):
+    result = cli("check", str(write(tmp_path, KNOBS.replace(*edit), KNOB_TRAIN)))
+    assert result.exit_code == 1 and message in result.stderr and "small.aspl:13:" in result.stderr
+
+
+def test_a_written_micro_tokens_pins_pack(tmp_path):
+    result = cli("check", str(write(tmp_path, KNOBS, KNOB_TRAIN)))  # KNOBS keeps micro_tokens = 4k
+    assert result.exit_code == 1 and "but `micro_tokens` is written" in result.stderr
 def test_tune_tries_staleness_only_within_the_bound_given(tmp_path):
     path, out = write(tmp_path), tmp_path / "tuned.aspl"
-    result = cli("tune", str(path), "-o", str(out), "--confirm", "1", "--steps", "3", "--max-staleness", "2")
+    result = cli("tune", str(path), "-o", str(out), "--confirm", "2", "--steps", "3", "--max-staleness", "2")
     assert result.exit_code == 0, result.output
-    assert "(staleness 1)" in result.stderr and "(staleness 2)" in result.stderr
-    assert "(staleness 3)" not in result.stderr
+    assert "staleness=1" in result.stderr or "staleness=2" in result.stderr
+    assert "staleness=0" not in result.stderr and "staleness=3" not in result.stderr
     assert compile_file(out).graph.schedule.option("staleness") in (1, 2)
     assert cli("tune", str(path), "--max-staleness", "0").exit_code == 2  # below the file's
+
+
+def test_sync_is_compared_at_its_own_micro_batch_budget(tmp_path):
+    path = knobs_program(tmp_path)
+    best = search(compile_file(path).graph, "sync")[0].knobs
+    assert best.pack in (2048, 4096, 8192) and best.staleness is None and best.buckets is None
+    compiled = compile_with_passes(path, schedule="sync")
+    assert compiled.graph.stage("update").micro_batching.tokens == best.pack
+    assert compiled.graph.stage("update").micro_batching.buckets == ()  # sync keeps dynamic shapes

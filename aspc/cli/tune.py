@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import click
@@ -20,9 +20,11 @@ from aspc.frontend.compiler import Compilation, compile_file, compile_source
 from aspc.frontend.diagnostics import AsplError, render_all
 from aspc.frontend.formatter import format_program
 from aspc.frontend.layouts import apply_layout
-from aspc.passes.auto_place import Ranked, search, written_candidate, written_estimate
+from aspc.frontend.schema import SEARCH_BOUNDS
+from aspc.ir.layout import Knobs
+from aspc.passes.layout_search import Ranked, search, written_ranked
 from aspc.passes.base import PassError
-from aspc.passes.layout_space import roles_of
+from aspc.passes.knob_space import knob_space
 from aspc.passes.schedules import SCHEDULES
 from aspc.plan.toolchain import run_schedule
 
@@ -46,7 +48,6 @@ class Tuning:
     written: Tried | None  # None: the written layout does not fit device memory
     search_s: float
     confirm_s: float
-    staleness: int | None = None  # asp: the bound the layouts were tuned under
 
     @property
     def best(self) -> Tried:
@@ -54,34 +55,48 @@ class Tuning:
 
 
 def tune(compilation: Compilation, schedule: str, confirm: int, steps: int, base_dir: Path | None,
-         progress=None) -> Tuning:
-    """Search the layouts of `compilation` under `schedule`, simulate the `confirm` best and the
-    written one for `steps` steps, best simulated first (the written layout first if it simulates best)."""
+         progress=None, staleness: tuple[int, ...] | None = None) -> Tuning:
+    """Search the layouts (and the schedule settings the program bounds) of `compilation` under
+    `schedule`, simulate the `confirm` best and the written one for `steps` steps, best simulated
+    first (the written layout first if it simulates best). `staleness`: the values to try instead of
+    the program's."""
     graph = compilation.graph
     started = time.perf_counter()
-    ranked = search(graph, schedule)
+    ranked = search(graph, schedule, knob_space(graph, schedule, staleness))
     search_s = time.perf_counter() - started
     chosen = _distinct(ranked, confirm)
     tried = [Tried(r, tuned_text(compilation.program, r, schedule)) for r in chosen]
-    estimate = written_estimate(graph, schedule)
+    ranked_written = written_ranked(graph, schedule, knob_space(graph, schedule, staleness))
     written = None
-    if estimate is not None:
-        ranked_written = Ranked(written_candidate(graph, roles_of(graph)), estimate)
+    if ranked_written is not None:
         written = Tried(ranked_written, tuned_text(compilation.program, ranked_written, schedule))
     for t in [*tried, *([written] if written else [])]:
         _simulate(t, schedule, steps, base_dir, progress)
     tried.sort(key=lambda t: -t.simulated_tps)
     if written is not None and written.simulated_tps > tried[0].simulated_tps:
         tried.insert(0, written)  # the search's figures were off here: the written layout stays
-    staleness = graph.schedule.option("staleness") if schedule == "asp" == graph.schedule.kind else None
-    return Tuning(schedule, tried, written, search_s, time.perf_counter() - started - search_s, staleness)
+    return Tuning(schedule, tried, written, search_s, time.perf_counter() - started - search_s)
 
 
 def tuned_text(program: ast.Program, ranked: Ranked, schedule: str) -> str:
-    """The program at this layout under `schedule` (the file's own block when it is that kind)."""
+    """The program at this layout under `schedule` (the file's own block when it is that kind), with
+    the schedule settings the search chose written in place of their bounds."""
     written = next((d for d in program.decls if isinstance(d, ast.Schedule)), None)
-    block = None if written is not None and written.kind == schedule else ast.Schedule(schedule, ())
-    return format_program(apply_layout(program, ranked.layout, block))
+    block = written if written is not None and written.kind == schedule else ast.Schedule(schedule, ())
+    placed = apply_layout(program, ranked.layout, _tuned_schedule(block, ranked.knobs))
+    return format_program(_with_micro_tokens(placed, ranked.knobs.pack))
+
+
+def _tuned_schedule(block: ast.Schedule, knobs: Knobs) -> ast.Schedule:
+    """The block without `placement = auto` and the search bounds (the choice is written now), each
+    chosen setting but the token budget (the train stage's micro_tokens) in place of its written value
+    or added at the end."""
+    chosen = {k: v for k, v in knobs.options().items() if k != "pack"}
+    dropped = ("placement", *SEARCH_BOUNDS)
+    options = [replace(o, value=ast.Int(chosen.pop(o.name))) if o.name in chosen else o
+               for o in block.options if o.name not in dropped]
+    options += [ast.Option(name, ast.Int(value)) for name, value in chosen.items()]
+    return replace(block, options=tuple(options))
 
 
 def _distinct(ranked: list[Ranked], count: int) -> list[Ranked]:
@@ -107,21 +122,31 @@ def _simulate(tried: Tried, schedule: str, steps: int, base_dir: Path | None, pr
 
 def report(tuning: Tuning) -> str:
     """The choice, its predicted and simulated figures, the runners-up and the written layout."""
-    bound = f" (staleness {tuning.staleness})" if tuning.staleness is not None else ""
-    lines = [f"schedule {tuning.schedule}{bound}: searched in {tuning.search_s:.1f} s, confirmed "
+    lines = [f"schedule {tuning.schedule}: searched in {tuning.search_s:.1f} s, confirmed "
              f"{len(tuning.tried)} on the simulator in {tuning.confirm_s:.1f} s"]
     written = [("written", tuning.written)] if tuning.written else []
     for label, t in [("chosen", tuning.best), *[("runner-up", t) for t in tuning.tried[1:]], *written]:
         e = t.ranked.estimate
         simulated = f"simulated {t.simulated_tps:7.1f} (efficiency {t.efficiency:.1%})" if t.result else \
             f"efficiency {e.efficiency:.1%} by the cost model, not simulated"
-        lines.append(f"  {label:9}  predicted {e.tps:7.1f} tokens/s/device, {simulated}  {t.ranked.layout.describe()}")
+        lines.append(f"  {label:9}  predicted {e.tps:7.1f} tokens/s/device, {simulated}  {t.ranked.describe()}")
     if tuning.written is None:
         lines.append("  written    does not fit device memory (degrees left to the search)")
     best = tuning.best.ranked.estimate
     lines.append(f"  why: {best.bound}-bound at the chosen layout (generation {best.gen_s:.1f} s, learner "
                  f"{best.learn_s:.1f} s a step by the cost model)")
     return "\n".join(lines) + "\n"
+
+
+def _with_micro_tokens(program: ast.Program, budget: int | None) -> ast.Program:
+    """The chosen micro-batch budget as each train stage's micro_tokens (what `pack` defaults to under
+    asp, and what sync packs to)."""
+    if budget is None:
+        return program
+    decls = [replace(d, options=(*(o for o in d.options if o.name != "micro_tokens"),
+                                 ast.Option("micro_tokens", ast.Int(budget))))
+             if isinstance(d, ast.Stage) and d.kind == "train" else d for d in program.decls]
+    return replace(program, decls=tuple(decls))
 
 
 # ---- the command line ----
@@ -135,8 +160,8 @@ def report(tuning: Tuning) -> str:
 @click.option("--steps", type=click.IntRange(1, 1000), default=CONFIRM_STEPS, show_default=True,
               help="Simulated steps per confirmed layout.")
 @click.option("--max-staleness", type=click.IntRange(0, 8),
-              help="asp: also try every staleness from the file's up to this bound (it changes how off-policy "
-                   "samples may be: only as far as you allow) and keep the best simulated.")
+              help="asp: try every staleness from the file's up to this bound (it changes how off-policy "
+                   "samples may be: only as far as you allow); in the file: `max_staleness`.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override an option, as for compile.")
 def tune_command(file, output, schedule, confirm, steps, max_staleness, overrides) -> None:
     """Choose FILE's layout (device split, instances, unwritten parallel degrees) with the cost model,
@@ -144,11 +169,8 @@ def tune_command(file, output, schedule, confirm, steps, max_staleness, override
     Written tp/pp/cp/ep are constraints (docs/passes.md, "auto-place")."""
     compilation = _compile(file, overrides)
     kind = schedule or compilation.graph.schedule.kind
-    tunings = [_tune(file, c, kind, confirm, steps) for c in _staleness_variants(file, compilation, kind, overrides,
-                                                                                 max_staleness)]
-    for tuning in tunings:
-        click.echo(report(tuning), err=True, nl=False)
-    tuning = max(tunings, key=lambda t: t.best.simulated_tps)
+    tuning = _tune(file, compilation, kind, confirm, steps, _staleness_values(compilation, kind, max_staleness))
+    click.echo(report(tuning), err=True, nl=False)
     text = tuning.best.text
     if output is None:
         click.echo(text, nl=False)
@@ -160,16 +182,15 @@ def tune_command(file, output, schedule, confirm, steps, max_staleness, override
     click.echo(f"wrote {output}", err=True)
 
 
-def _staleness_variants(file, compilation: Compilation, kind: str, overrides, bound: int | None) -> list:
-    """The program at each staleness from its own up to `bound` (asp only)."""
+def _staleness_values(compilation: Compilation, kind: str, bound: int | None) -> tuple[int, ...] | None:
+    """Every staleness from the file's up to `--max-staleness` (asp only); None: the file's own."""
     if bound is None or kind != "asp":
-        return [compilation]
+        return None
     written = compilation.graph.schedule.option("staleness") if compilation.graph.schedule.kind == "asp" else None
     start = 1 if written is None else written
     if bound < start:
         raise click.UsageError(f"--max-staleness {bound} is below the file's staleness {start}")
-    return [_compile(file, (*overrides, f"schedule.staleness={k}")) if k != start else compilation
-            for k in range(start, bound + 1)]
+    return tuple(range(start, bound + 1))
 
 
 def best_layout_plans(file, overrides, schedules: list[str], confirm: int, steps: int) -> list:
@@ -178,17 +199,18 @@ def best_layout_plans(file, overrides, schedules: list[str], confirm: int, steps
     plans = []
     for kind in schedules:
         tuning = _tune(file, compilation, kind, confirm, steps)
-        click.echo(f"{kind}: best layout {tuning.best.ranked.layout.describe()}", err=True)
+        click.echo(f"{kind}: best layout {tuning.best.ranked.describe()}", err=True)
         compiled = run_schedule(compile_source(tuning.best.text, TUNED_SOURCE, None, Path(file).parent), kind)
         plans.append(compiled.plan())
     return plans
 
 
-def _tune(file, compilation: Compilation, kind: str, confirm: int, steps: int) -> Tuning:
+def _tune(file, compilation: Compilation, kind: str, confirm: int, steps: int,
+          staleness: tuple[int, ...] | None = None) -> Tuning:
     try:
         if confirm == 0:
-            return _unconfirmed(compilation, kind)
-        return tune(compilation, kind, confirm, steps, Path(file).parent)
+            return _unconfirmed(compilation, kind, staleness)
+        return tune(compilation, kind, confirm, steps, Path(file).parent, staleness=staleness)
     except PassError as error:
         raise click.ClickException(f"{file}: cannot choose a layout: {error}") from None
     except AsplError as error:  # a chosen layout that fails the front end's checks is a bug of the search
@@ -197,9 +219,9 @@ def _tune(file, compilation: Compilation, kind: str, confirm: int, steps: int) -
                                    f"{text}") from None
 
 
-def _unconfirmed(compilation: Compilation, kind: str) -> Tuning:
+def _unconfirmed(compilation: Compilation, kind: str, staleness: tuple[int, ...] | None) -> Tuning:
     started = time.perf_counter()
-    best = search(compilation.graph, kind)[0]
+    best = search(compilation.graph, kind, knob_space(compilation.graph, kind, staleness))[0]
     tried = Tried(best, tuned_text(compilation.program, best, kind), best.estimate.tps, best.estimate.efficiency)
     return Tuning(kind, [tried], None, time.perf_counter() - started, 0.0)
 

@@ -235,7 +235,7 @@ def _data_location(data: ast.Data, sink: DiagnosticSink) -> str | None:
 def resolve_schedule(decl: ast.Schedule | None, file: str, sink: DiagnosticSink) -> ScheduleSpec | None:
     if decl is None:
         values = read_options((), schema.SCHEDULES["asp"], "schedule asp", Span.point(file), sink)
-        return ScheduleSpec("asp", tuple(sorted(values.values.items())), None)
+        return ScheduleSpec("asp", _schedule_options(values.values), None)
     specs = schema.SCHEDULES.get(decl.kind)
     if specs is None:
         hint = did_you_mean(decl.kind, schema.SCHEDULES) or "choose asp, sync or sync-naive"
@@ -244,4 +244,9 @@ def resolve_schedule(decl: ast.Schedule | None, file: str, sink: DiagnosticSink)
     values = read_options(decl.options, specs, f"schedule {decl.kind}", decl.span, sink)
     if not values.valid(*specs):
         return None
-    return ScheduleSpec(decl.kind, tuple(sorted(values.values.items())), decl.span, values.option_spans)
+    return ScheduleSpec(decl.kind, _schedule_options(values.values), decl.span, values.option_spans)
+
+
+def _schedule_options(values: dict) -> tuple:
+    """The options in name order; a search bound not given is left out (nothing is searched)."""
+    return tuple(sorted((k, v) for k, v in values.items() if not (k in schema.SEARCH_BOUNDS and v is None)))

@@ -7,6 +7,7 @@ from aspc.frontend.diagnostics import DiagnosticSink
 from aspc.ir.graph import Stage, StageGraph, StageKind
 from aspc.ir.memory import USABLE_HBM_FRACTION, MemoryNeed, forward_need, gb, generation_need, training_need
 from aspc.frontend.idle_devices import warn_idle_devices
+from aspc.frontend.placement_checks import check_placement
 from aspc.frontend.overrides import override_span
 
 _DEVICE_OPTIONS = ("tp", "pp", "dp", "cp", "ep")  # the parallel degrees that shape one instance
@@ -27,13 +28,15 @@ def check_resources(graph: StageGraph, sink: DiagnosticSink) -> None:
         _warn_memory_share_on_cpu(graph, stage, sink)
     for stage in graph.stages_of(StageKind.TRAIN):
         _check_micro_tokens(graph, stage, sink)
+    check_placement(graph, sink)
     if not sink.errors and not placed:
         warn_idle_devices(graph, sink)
 
 
 def _auto_placed(graph: StageGraph) -> set[str]:
     """Under `placement = auto` the pools of generation and training get their sizes and layouts from
-    the auto-place pass, which keeps to these same fit rules (passes/layout_space.py)."""
+    the auto-place pass, which keeps to these same fit rules (aspc/ir/layout_space.py); placement_checks.py
+    refuses a program no layout fits."""
     if graph.schedule is None or graph.schedule.option("placement") != "auto":
         return set()
     return {s.pool for s in graph.stages() if s.kind in (StageKind.GENERATE, StageKind.TRAIN) and s.pool}
@@ -144,6 +147,8 @@ def _warn_memory_share_on_cpu(graph: StageGraph, stage: Stage, sink: DiagnosticS
 
 
 def _check_micro_tokens(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> None:
+    if stage.option_span("micro_tokens") is None and graph.schedule and graph.schedule.option("max_pack"):
+        return  # auto-place chooses `pack`, which holds the longest sequence (placement_checks.py)
     for name in _data_upstream(graph, stage):
         data = graph.data[name]
         longest = data.max_prompt + data.max_response

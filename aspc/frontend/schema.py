@@ -275,8 +275,15 @@ _ASP = _opts(
     OptionSpec("placement", "enum", DERIVED, "written: the layout as written; auto: the compiler chooses the "
                "device split, instances and unwritten parallel degrees (docs/passes.md, \"auto-place\"); "
                "default: written", choices=("written", "auto")),
+    OptionSpec("max_staleness", "int", DERIVED, "placement = auto: the search chooses `staleness` from 0 up to "
+               "this bound (leave staleness unwritten); default: not searched", lo=0),
+    _count("max_pack", "placement = auto: the search chooses `pack` (micro-batch token budget) up to this "
+           "bound (leave pack and the train stage's micro_tokens unwritten); default: not searched", DERIVED),
+    _count("max_buckets", "placement = auto: the search chooses `buckets` from 1 up to this bound (leave "
+           "buckets unwritten); default: not searched", DERIVED),
     OptionSpec("rebalance", "bool", DERIVED, "lend generation instances to the trainer while generation "
                "waits at the staleness gate, and take them back when the learner waits for samples "
                "(docs/simulator.md, \"Runtime rebalancing\"); default: false"),
 )
 SCHEDULES: dict[str, dict[str, OptionSpec]] = {"asp": _ASP, "sync": {}, "sync-naive": {}}
+SEARCH_BOUNDS = ("max_staleness", "max_pack", "max_buckets")  # unset: left out of the IR (nothing searched)

@@ -11,6 +11,15 @@ from dataclasses import dataclass, replace
 from aspc.ir.graph import Parallel, PoolSpec, StageGraph
 
 
+class LayoutError(ValueError):
+    """A program automatic placement cannot lay out; `where` names the stage or pool at fault (None:
+    the program as a whole)."""
+
+    def __init__(self, message: str, where: str | None = None):
+        super().__init__(message)
+        self.where = where
+
+
 @dataclass(frozen=True)
 class StageLayout:
     stage: str
@@ -33,6 +42,25 @@ class Layout:
         """One line: `rollout 4 + learner 12: gen 1x(tp=4) | update dp=3 tp=4 | ...`."""
         pools = " + ".join(f"{name} {count}" for name, count in self.pools)
         return f"{pools}: " + " | ".join(_stage_text(s) for s in self.stages)
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The schedule's settings `auto-place` may choose beside the layout (asp): the staleness bound,
+    the micro-batch token budget (`pack`) and the static shape buckets. None: not searched."""
+
+    staleness: int | None = None
+    pack: int | None = None
+    buckets: int | None = None
+
+    def options(self) -> dict[str, int]:
+        """The searched settings as schedule options."""
+        return {k: v for k, v in (("staleness", self.staleness), ("pack", self.pack), ("buckets", self.buckets))
+                if v is not None}
+
+    def describe(self) -> str:
+        """`staleness=2 pack=16384 buckets=2`, or "" when nothing was searched."""
+        return " ".join(f"{k}={v}" for k, v in self.options().items())
 
 
 def _stage_text(s: StageLayout) -> str:

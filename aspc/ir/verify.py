@@ -139,6 +139,13 @@ def _cycle_problems(graph: StageGraph) -> list[str]:
     return ["dataflow cycle: " + " -> ".join(a for a, _ in cycle)]
 
 
+def _awaiting_auto_place(graph: StageGraph) -> bool:
+    """`placement = auto` before auto-place: the written layout is a starting point the pass replaces
+    (the front end checks that some layout fits, frontend/placement_checks.py)."""
+    return (graph.schedule is not None and graph.schedule.option("placement") == "auto"
+            and not any(s.layout for s in graph.stages_of(StageKind.GENERATE)))
+
+
 def _stage_problems(graph: StageGraph, stage: Stage, node: str) -> list[str]:
     problems = []
     where = f"stage {node} ({stage.kind.name})"
@@ -152,7 +159,7 @@ def _stage_problems(graph: StageGraph, stage: Stage, node: str) -> list[str]:
         pool = graph.pools.get(stage.pool)
         if pool is None:
             problems.append(f"{where}: pool '{stage.pool}' is not declared")
-        elif stage.devices > pool.count:
+        elif stage.devices > pool.count and not _awaiting_auto_place(graph):
             problems.append(f"{where}: needs {stage.devices} devices, pool has {pool.count}")
     problems += [f"{where}: option {k} holds {type(v).__name__}" for k, v in stage.options
                  if not _plain(v)]

@@ -48,18 +48,31 @@ def run_schedule(compilation: Compilation, schedule: str | None = None, pipeline
     chosen = schedule_for(compilation.graph, schedule)
     graph = compilation.graph.with_schedule(chosen)
     if pipeline is None:
-        text = pipeline_for(chosen)
-        compilation.sources[SCHEDULE_SOURCE] = text
-        specs = _schedule_specs(text, chosen.span, compilation)
-    else:
-        compilation.sources["<-p>"] = pipeline
-        specs = parse_pipeline(pipeline)
+        return _run_schedule_passes(compilation, graph, verify_each, emit_after)
+    compilation.sources["<-p>"] = pipeline
+    specs = parse_pipeline(pipeline)
     run = run_passes(graph, specs, verify_each, emit_after)
+    return Compiled(compilation, run, pipeline_text([s.instance for s in specs]))
+
+
+def _run_schedule_passes(compilation: Compilation, graph, verify_each: bool, emit_after: str | None) -> Compiled:
+    """The schedule's pipeline. `auto-place` runs first and may choose schedule settings (staleness,
+    pack, buckets): the passes after it are those of the schedule it returns."""
+    specs = _schedule_specs(pipeline_for(graph.schedule), graph.schedule.span, compilation)
+    later = [s.instance.name for s in specs[1:]]
+    if specs[0].instance.name == "auto-place" and (emit_after is None or emit_after in later):
+        placed = run_passes(graph, specs[:1], verify_each)
+        specs = specs[:1] + _schedule_specs(pipeline_for(placed.graph.schedule), graph.schedule.span, compilation)[1:]
+        rest = run_passes(placed.graph, specs[1:], verify_each, emit_after)
+        run = PassRun(rest.graph, placed.steps + rest.steps)
+    else:
+        run = run_passes(graph, specs, verify_each, emit_after)
     return Compiled(compilation, run, pipeline_text([s.instance for s in specs]))
 
 
 def _schedule_specs(text: str, span: Span | None, compilation: Compilation) -> list[PassSpec]:
     """A schedule's pipeline: its passes point at the schedule declaration of the file."""
+    compilation.sources[SCHEDULE_SOURCE] = text
     specs = parse_pipeline(text, SCHEDULE_SOURCE)
     where = span or Span.point(str(compilation.program.file))
     return [replace(s, span=where) for s in specs]

@@ -6,16 +6,18 @@ the learner-side stages' data-parallel degree and, where not written, the train 
 Pinned: every parallel degree the program writes (tp, pp, cp, ep, and a generate stage's dp), every
 pool the generate and train stages do not use (a judge's pool keeps its size), the hardware.
 Every candidate fits device memory by the front end's own rules (aspc/ir/memory.py).
+It lives in the IR so that the front end (`aspc check`) and the pass share one feasibility rule.
 """
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
 
+from collections.abc import Iterator
+
 from aspc.ir.graph import Parallel, Stage, StageGraph, StageKind
-from aspc.ir.layout import Layout, StageLayout
+from aspc.ir.layout import Layout, LayoutError, StageLayout
 from aspc.ir.memory import USABLE_HBM_FRACTION, forward_need, generation_need, training_need
-from aspc.passes.base import PassError
 
 DEGREES = (1, 2, 4, 8)  # tensor / expert degrees tried where not written (within one node)
 PIPELINE = (1, 2, 4)  # training pipeline degrees tried where not written
@@ -47,29 +49,36 @@ def roles_of(graph: StageGraph) -> Roles:
     gens = graph.stages_of(StageKind.GENERATE)
     trains = graph.stages_of(StageKind.TRAIN)
     if len(gens) != 1 or len(trains) != 1:
-        raise PassError("automatic placement handles one generate and one train stage; place the others "
-                        "by hand (remove `placement = auto`)")
+        extra = (gens[1:] or trains[1:] or gens or trains or [None])[0]
+        raise LayoutError("automatic placement handles one generate and one train stage; place the others "
+                          "by hand (remove `placement = auto`)", extra.name if extra else None)
     gen, train = gens[0], trains[0]
     pools = {gen.pool, train.pool}
     learners = tuple(s for s in graph.stages() if s.pool in pools and s is not gen and s.pool is not None)
-    if any(s.kind not in LEARNER_KINDS for s in learners):
-        raise PassError("automatic placement moves only generate, reward, reference, critic and train stages")
-    if gen.pool != train.pool and any(s.pool == gen.pool for s in learners):
-        raise PassError(f"pool '{gen.pool}' hosts learner-side stages beside generation; put them on "
-                        f"'{train.pool}' or place by hand")
+    other = next((s for s in learners if s.kind not in LEARNER_KINDS), None)
+    if other is not None:
+        raise LayoutError("automatic placement moves only generate, reward, reference, critic and train stages",
+                          other.name)
+    beside = next((s for s in learners if gen.pool != train.pool and s.pool == gen.pool), None)
+    if beside is not None:
+        raise LayoutError(f"pool '{gen.pool}' hosts learner-side stages beside generation; put them on "
+                          f"'{train.pool}' or place by hand", beside.name)
     kinds = {graph.pools[p].hardware.name for p in pools}
     if len(kinds) > 1:
-        raise PassError(f"pools '{gen.pool}' and '{train.pool}' are different hardware: the split between "
-                        "them is not free")
+        raise LayoutError(f"pools '{gen.pool}' and '{train.pool}' are different hardware: the split between "
+                          "them is not free", train.pool)
     if kinds == {"cpu"}:
-        raise PassError("automatic placement prices layouts with the roofline model of accelerators; a cpu pool's "
-                        "costs are measured (docs/simulator.md, calibration): write its layout")
+        raise LayoutError("automatic placement prices layouts with the roofline model of accelerators; a cpu "
+                          "pool's costs are measured (docs/simulator.md, calibration): write its layout", gen.pool)
     return Roles(gen, learners, gen.pool, train.pool, sum(graph.pools[p].count for p in pools))
 
 
 def candidates(graph: StageGraph, roles: Roles) -> list[Candidate]:
     """Every layout of the search space that fits memory, colocated and separate."""
-    out = []
+    return list(iter_candidates(graph, roles))
+
+
+def iter_candidates(graph: StageGraph, roles: Roles) -> Iterator[Candidate]:
     learn_names = _learner_pool_names(roles)
     for gen_par in gen_shapes(graph, roles.gen):
         size = gen_par.devices
@@ -78,12 +87,10 @@ def candidates(graph: StageGraph, roles: Roles) -> list[Candidate]:
             for learn in range(rank, roles.devices - size + 1, rank):
                 layout = _separate(graph, roles, learn_names, gen_par, train_par, learn)
                 if layout is not None:
-                    out.append(Candidate(layout, False, layout.stage(roles.gen.name).instances, gen_par, learn))
+                    yield Candidate(layout, False, layout.stage(roles.gen.name).instances, gen_par, learn)
             colocated = _colocated(graph, roles, gen_par, train_par)
             if colocated is not None:
-                out.append(Candidate(colocated, True, colocated.stage(roles.gen.name).instances, gen_par,
-                                     roles.devices))
-    return out
+                yield Candidate(colocated, True, colocated.stage(roles.gen.name).instances, gen_par, roles.devices)
 
 
 def gen_shapes(graph: StageGraph, gen: Stage) -> list[Parallel]:
@@ -192,7 +199,10 @@ def _fits(graph: StageGraph, stage: Stage, par: Parallel) -> bool:
 
 
 def fits(graph: StageGraph, roles: Roles, layout: Layout) -> bool:
-    """Whether every stage of a layout fits device memory (the rules the candidates keep to)."""
+    """Whether every stage of a layout fits its pool and device memory (the rules the candidates keep to)."""
+    sizes = dict(layout.pools)
+    if any(s.instances * s.parallel.devices > sizes.get(s.pool, 0) for s in layout.stages):
+        return False
     gen = layout.stage(roles.gen.name)
     if gen is None or gen.parallel not in gen_shapes(graph, replace(roles.gen, parallel=gen.parallel)):
         return False
