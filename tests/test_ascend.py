@@ -13,6 +13,7 @@ from aspc.backends.ascend.groups import process_groups
 from aspc.backends.ascend.lowering import MEGATRON_KINDS, lower
 from aspc.backends.ascend.topology import NPUS_PER_NODE, pool_offsets
 from aspc.controller.kinds import JUDGE_VERDICT_TOKENS
+from aspc.ir.facts import GIB, hardware_table
 from aspc.ir.graph import Parallel
 from aspc.plan.toolchain import compile_with_passes
 from aspc.frontend.compiler import compile_source
@@ -286,3 +287,58 @@ def test_context_parallelism_switches_on_mindspeeds_ring_attention():
     assert argv[argv.index("--context-parallel-size") + 1] == "2"
     assert argv[argv.index("--context-parallel-algo") + 1] == "megatron_cp_algo"
     assert int(argv[argv.index("--seq-length") + 1]) % 4 == 0
+
+
+def _shard_and_kv_bytes(model, config: dict, dp_size: int) -> float:
+    """One engine process's weights per NPU under vLLM's layout (dense weights over tp and pp, routed
+    experts over the expert-parallel group dp x tp) plus vLLM's minimum KV cache (one request of
+    max_model_len), from the plan's model config alone."""
+    arch, tp, pp = model.arch, config["tensor_parallel_size"], config["pipeline_parallel_size"]
+    ep = dp_size * tp if config["enable_expert_parallel"] else 1
+    nbytes = {"bfloat16": 2, "float16": 2, "float32": 4}[config["dtype"]]
+    hidden, moe_layers = arch.hidden, (arch.layers - arch.dense_layers if arch.experts else 0)
+    experts = moe_layers * arch.experts * 3 * hidden * arch.expert_ffn
+    total = arch.total_params()
+    shard = ((total - experts) / tp + experts / ep) / pp * nbytes
+    if arch.attention == "mla":
+        kv_token = (arch.kv_lora_rank + arch.qk_rope_dim) * arch.layers * nbytes  # latent, not split by tp
+    else:
+        kv_token = 2 * arch.head_dim * arch.kv_heads * arch.layers * nbytes / min(tp, arch.kv_heads)
+    return shard + kv_token * config["max_model_len"] / pp
+
+
+@pytest.mark.parametrize("name", ALL_PIPELINES)
+def test_every_engines_memory_share_holds_its_shard_and_a_kv_cache(name):
+    """gpu_memory_utilization x the NPU's memory must hold the engine's weight shard and one
+    max_model_len of KV cache, or vLLM cannot start (colocated engines included)."""
+    path = ROOT / "pipelines" / f"{name}.aspl"
+    plan = compile_with_passes(path).plan()
+    launch_plan = lower(plan, path.parent)
+    for stage in (s for s in launch_plan.stages if s.role == "vllm-engine"):
+        hbm = hardware_table()[plan.pool(plan.stage(stage.stage).pool).hardware].hbm_gib * GIB
+        model = _model_of(plan, stage)
+        dp_size = max(int(p.env.get("VLLM_DP_SIZE", 1)) for p in launch_plan.processes if p.stage == stage.stage)
+        need = _shard_and_kv_bytes(model, stage.config, dp_size)
+        assert stage.config["gpu_memory_utilization"] * hbm >= need, (stage.stage, need / 1e9)
+
+
+def _model_of(plan, stage):
+    """The engine's model: the generated model, or a judge source's."""
+    source = plan.stage(stage.stage)
+    judge = [s for s in dict(source.options).get("sources", ()) if s.func == "judge"]
+    return plan.model(judge[0].get("model") if judge else source.model)
+
+
+def test_a_colocated_engine_that_needs_more_starts_first_and_sleeps(aspc):
+    """DeepSeek-V3's engine shard (~37 GB on a 64 GiB 910B) needs more than a third of the NPU: the
+    engine gets what it needs, starts alone and sleeps before the trainers on its NPUs start."""
+    plan = launch("r1_zero_671b")
+    stages = {s.stage: s for s in plan.stages}
+    assert stages["gen"].config["gpu_memory_utilization"] > 0.3
+    assert stages["gen"].startup == {"phase": 0, "then": {"call": "sleep", "level": 1}}
+    assert stages["update"].startup == {"phase": 1, "after_asleep": ["gen"]}
+    assert stages["ref_lp"].startup["phase"] == 1
+    script = aspc("run", "pipelines/r1_zero_671b.aspl", "--backend", "ascend", "--dry-run").stdout
+    node0 = script.split("# ---- node0 ----")[1].split("# ---- node1")[0]
+    stages_in_order = [line.split("--stage ")[1].split()[0] for line in node0.splitlines() if "--stage" in line]
+    assert stages_in_order[:4] == ["gen"] * 4 and "gen" not in stages_in_order[4:]

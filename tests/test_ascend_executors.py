@@ -4,6 +4,7 @@ backend's tiny generator; weight refreshes go through vLLM's weight-transfer cal
 trainer side broadcasts over an in-process communicator (backends/ascend/weight_sync.py).
 The megatron side builds real megatron-core modules on CPU where it can."""
 import dataclasses
+import json
 import itertools
 import os
 from types import SimpleNamespace
@@ -206,8 +207,19 @@ def test_only_the_newest_versions_stay_staged():
 
 
 # ---- the megatron side ----
-def rollout(key, prompt, response):
-    return SimpleNamespace(key=key, prompt=prompt, response=response, behaviour_logprobs=[-0.5] * len(response))
+def rollout(key, prompt, response, ref=None):
+    return SimpleNamespace(key=key, prompt=prompt, response=response, behaviour_logprobs=[-0.5] * len(response),
+                           ref_logprobs=ref)
+
+
+def test_packed_rows_carry_the_reference_log_probs_for_the_kl_term():
+    """The KL penalty needs each response token's reference log-prob beside its label; a row with
+    a rollout the reference has not scored carries none (no KL term for it)."""
+    scored = [rollout("a", [1, 2], [3, 4], ref=[-1.0, -2.0]), rollout("b", [5], [6, 7, 8], ref=[-3.0, -4.0, -5.0])]
+    [mb] = pack(scored, tokens=12)
+    assert per_sequence(mb.ref_logprobs, mb) == {"a": [-1.0, -2.0], "b": [-3.0, -4.0, -5.0]}
+    [unscored] = pack([rollout("c", [1], [2])], tokens=12)
+    assert unscored.ref_logprobs is None
 
 
 def test_packing_keeps_sequences_apart_and_every_response_token_in_the_loss():
@@ -323,5 +335,163 @@ def test_the_ray_driver_places_instances_and_the_learner_on_npu_bundles(tmp_path
         probe = ray.remote(lambda: os.environ.get("ASCEND_RT_VISIBLE_DEVICES"))
         visible = ray.get([probe.options(**runtime._bundle(i)).remote() for i in range(3)], timeout=120)
         assert sorted(visible) == ["0", "1", "2"]  # one NPU each, none shared
+    finally:
+        ray.shutdown()
+
+
+# ---- `aspc run --backend ascend`: the AscendExecutors factory behind the CLI, with fakes of the platform ----
+class CpuLearnerAsLeader:
+    """The CPU learner where rank 0's MegatronTrainer would be (megatron's forward does not run on a
+    CPU): the same Trainer calls; its weights leave through the trainer's WeightSender."""
+
+    def __init__(self, learner, sender):
+        self.learner, self.sender = learner, sender
+
+    def __getattr__(self, name):
+        return getattr(self.learner, name)
+
+    def snapshot(self):
+        weights = self.learner.snapshot()
+        return self.sender.publish(weights.version, weights.state)
+
+    def publish(self, version):
+        return self.sender.publish(version, self.learner.actor.state_dict())
+
+
+def fake_platform(monkeypatch):
+    """The doctor's checks pass; vLLM is FakeLLM over the CPU generator, the transfer group an
+    in-process hub, megatron's rank 0 the CPU learner. Returns the factories the CLI built."""
+    from aspc.backends.ascend import executors as npu_executors
+    from aspc.backends.ascend.run_executors import AscendExecutors
+    from aspc.cli import doctor
+
+    built = []
+
+    def cpu(self):
+        if "cpu" not in self.__dict__:
+            self.cpu, self.hubs = CpuExecutors(self.plan, self.base_dir, self.seed), {}
+            built.append(self)
+        return self.cpu
+
+    def engine_api(self, index, instances):
+        generator = cpu(self).generation_engine(index, instances)
+        comm = ThreadCommunicator(1, self.hubs.setdefault(index, Hub()))
+        return SimpleNamespace(LLM=lambda **args: FakeLLM(generator, comm, **args), SamplingParams=SamplingParams)
+
+    def build_trainer(self):
+        def send(tensors, instance):
+            send_hf(tensors, ThreadCommunicator(0, self.hubs.setdefault(instance, Hub())), [0, 1])
+
+        return CpuLearnerAsLeader(cpu(self).trainer(), WeightSender(send))
+
+    monkeypatch.setattr(doctor, "missing_stack_message", lambda: None)
+    monkeypatch.setattr(npu_executors, "require_npu", lambda: None)
+    monkeypatch.setattr(AscendExecutors, "check_launch", lambda self: None)  # tiny_grpo has no checkpoint
+    monkeypatch.setattr(AscendExecutors, "engine_api", engine_api)
+    monkeypatch.setattr(AscendExecutors, "transfer_group", lambda self, engine, index: engine.connect(
+        {"master_address": "127.0.0.1", "master_port": 0, "rank_offset": 1, "world_size": 2}))
+    monkeypatch.setattr(AscendExecutors, "build_trainer", build_trainer)
+    return built
+
+
+def separate_pools(tmp_path):
+    """tiny_grpo with generation on a pool of its own (colocated engines are refused: npu_ipc)."""
+    text = TINY.read_text().replace("pool cpu = cpu x 2", "pool cpu = cpu x 1\npool rollout = cpu x 2")
+    path = tmp_path / "tiny_grpo_separate.aspl"
+    path.write_text(text.replace("generate(actor, prompts) on cpu", "generate(actor, prompts) on rollout"))
+    return path
+
+
+def cli_metrics(aspc, tmp_path, backend):
+    path = tmp_path / f"{backend}.jsonl"
+    result = aspc("run", str(separate_pools(tmp_path)), "--backend", backend, "--steps", "2", "--warmstart", "0",
+                  "--workers", "threads", "--metrics", str(path), "--set", "schedule.staleness=0")
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in path.read_text().splitlines() if '"trained"' in line]
+
+
+def test_aspc_run_backend_ascend_drives_the_npu_executors_as_the_cpu_backend(aspc, tmp_path, monkeypatch):
+    """The CLI's NPU path (doctor passed): the AscendExecutors factory's VllmEngines and trainer, driven
+    by the same controller, train the same samples per step as `--backend cpu`, with the same first
+    step; every engine joined the transfer group once and refreshed by the launch plan's calls."""
+    built = fake_platform(monkeypatch)
+    npu = cli_metrics(aspc, tmp_path, "ascend")
+    cpu = cli_metrics(aspc, tmp_path, "cpu")
+    assert len(npu) == len(cpu) == 2
+    assert [m["trained"] for m in npu] == [m["trained"] for m in cpu]
+    for key in ("reward", "response_len", "is_weight"):
+        assert npu[0][key] == cpu[0][key], key
+    [executors] = built
+    assert len(executors.engines) == 2
+    for engine in executors.engines.values():
+        first, *calls = engine.llm.calls
+        assert first == "init_weight_transfer_engine"
+        assert calls and calls == ["start_weight_update", "update_weights", "finish_weight_update"] * (len(calls) // 3)
+
+
+def test_aspc_run_backend_ascend_refuses_what_the_npu_executors_do_not_run(aspc, tmp_path, monkeypatch):
+    """Each refusal is one message saying what to do: the Ray runtime, a warm start, colocated engines
+    (at the stage's line), a model without a checkpoint."""
+    fake_platform(monkeypatch)
+    separate = str(separate_pools(tmp_path))
+    result = aspc("run", separate, "--backend", "ascend", "--runtime", "ray")
+    assert result.exit_code == 1 and "--runtime local" in result.output
+    result = aspc("run", separate, "--backend", "ascend", "--warmstart", "5", "--steps", "1")
+    assert result.exit_code == 1 and "--warmstart 0" in result.output
+    result = aspc("run", str(TINY), "--backend", "ascend", "--warmstart", "0", "--steps", "1")
+    assert result.exit_code == 1 and "tiny_grpo.aspl:16:7" in result.output and "npu_ipc" in result.output
+    monkeypatch.undo()
+    from aspc.backends.ascend.run_executors import AscendExecutors
+
+    with pytest.raises(ValueError, match="Hugging Face checkpoint directory"):
+        AscendExecutors(compile_with_passes(separate_pools(tmp_path)).plan(), tmp_path)
+
+
+def test_published_weights_reach_an_engine_in_another_ray_actor_through_the_learners_handle():
+    """Published inside the actor that holds the trainer's WeightSender, the weights leave it as a
+    HandleSender; an engine in another actor starts and waits for its broadcast through that handle
+    (the tensors stay staged where they were published), and a failed send raises on the engine's
+    side. Outside a Ray actor a sender cannot leave its process."""
+    ray = pytest.importorskip("ray")
+    import pickle
+
+    from aspc.backends.ascend.weight_sync import HandleSender
+
+    class Learner:  # stands for the driver's learner actor (aspc/drivers/ray/runtime.py: send_weights)
+        def __init__(self):
+            self.sent = []
+            self.sender = WeightSender(self._send)
+
+        def _send(self, tensors, instance):
+            if instance < 0:
+                raise RuntimeError("broadcast failed")
+            self.sent.append((instance, {name: t.tolist() for name, t in tensors.items()}))
+
+        def publish(self, version):
+            return self.sender.publish(version, {"w": torch.full((2,), float(version))})
+
+        def send_weights(self, version, instance):
+            self.sender.wait(self.sender.start(version, instance))
+
+        def log(self):
+            return self.sent
+
+    class Engine:  # stands for a generation actor: the two calls VllmEngine.load_weights makes
+        def refresh(self, published, instance):
+            published.sender.wait(published.sender.start(published.version, instance))
+            return type(published.sender).__name__
+
+    with pytest.raises(TypeError, match="stays on trainer rank 0"):
+        pickle.dumps(WeightSender(lambda tensors, instance: None))
+    ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        learner, engine = ray.remote(Learner).remote(), ray.remote(Engine).remote()
+        published = ray.get(learner.publish.remote(3), timeout=120)
+        assert isinstance(published.sender, HandleSender) and published.version == 3
+        assert ray.get(engine.refresh.remote(published, 1), timeout=120) == "HandleSender"
+        assert ray.get(learner.log.remote()) == [(1, {"w": [3.0, 3.0]})]
+        with pytest.raises(ray.exceptions.RayTaskError, match="broadcast failed"):
+            ray.get(engine.refresh.remote(published, -1), timeout=120)
     finally:
         ray.shutdown()

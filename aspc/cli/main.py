@@ -339,11 +339,11 @@ def run(file, backend, runtime, address, steps, warmstart_steps, seed, metrics_p
     --dry-run, print the NPU cluster's launch commands). Exit 0 when done, 1 on an error, 130 on Ctrl-C."""
     from aspc.cli.run import RunRequest, run_training
 
-    if backend == "ascend":
-        _run_ascend(file, overrides, schedule, pipeline, dry_run)
-        return
     request = RunRequest(file, steps, warmstart_steps, seed, metrics_path, trace_path, checkpoint_dir,
                          checkpoint_every, resume, runtime, address, threads, workers)
+    if backend == "ascend":
+        _run_ascend(file, overrides, schedule, pipeline, dry_run, request)
+        return
     from aspc.cli.backends import run_executors
     from aspc.controller.kinds import refusals
 
@@ -459,7 +459,7 @@ def convert_gguf_command(gguf, output) -> None:
     click.echo(f"wrote {source.name} to {output} as a Hugging Face checkpoint")
 
 
-def _run_ascend(file, overrides, schedule, pipeline, dry_run) -> None:
+def _run_ascend(file, overrides, schedule, pipeline, dry_run, request) -> None:
     from aspc.backends.ascend.executors import AscendUnavailable, require_npu
     from aspc.backends.ascend.launch import launch_script
     from aspc.cli.doctor import missing_stack_message
@@ -476,8 +476,20 @@ def _run_ascend(file, overrides, schedule, pipeline, dry_run) -> None:
         require_npu()
     except AscendUnavailable as error:
         raise click.ClickException(f"{file}: {error}") from None
-    raise click.ClickException("NPUs are here, but driving them from `aspc run` needs the Ray runtime, which "
-                               "this build does not have yet; start the processes of `--dry-run` instead")
+    from dataclasses import replace
+
+    from aspc.backends.ascend.run_executors import AscendExecutors  # the NPU stack is here (doctor passed)
+    from aspc.cli.run import run_training
+    from aspc.controller.kinds import refusals
+
+    if request.runtime_kind != "local":
+        raise click.ClickException(f"{file}: the Ray runtime cannot hold NPU executors yet (the learner actor "
+                                   "would have to build rank 0's megatron model itself, and weights cross actors "
+                                   "by a Ray-handle sender); run with --runtime local (docs/ascend.md)")
+    plan = _plan(compiled, pipeline)
+    _refuse_at_stages(file, overrides, compiled, refusals(plan) or AscendExecutors.unsupported(plan))
+    # threads: each vLLM engine starts its own worker processes; megatron's rank 0 stays in this one
+    run_training(replace(request, workers="threads"), plan, AscendExecutors)
 
 
 def _plan(compiled: Compiled, pipeline):

@@ -14,6 +14,14 @@ Followed (vLLM / vllm-ascend 0.23.0 wheels):
   gpu_memory_utilization; `wake_up` refuses weight_nz_mode and `start_weight_update` refuses
   VLLM_ASCEND_ENABLE_NZ; weight updates need `weight_transfer_config` (backends "hccl" and
   "npu_ipc", registered in vllm_ascend/distributed/weight_transfer/__init__.py).
+- `vllm_ascend/worker/worker.py` (determine_available_memory): the KV cache gets total x
+  gpu_memory_utilization minus the weights and the profile run's peak; vLLM's
+  `vllm/v1/core/kv_cache_utils.py` (check_enough_kv_cache_memory) refuses to start unless that holds
+  one request of max_model_len. A time-shared engine's share is therefore at least its weight shard
+  plus one max_model_len of KV plus a runtime margin (`engine_need`); it starts first on its NPUs and
+  sleeps before the trainers there build (StageLaunch.startup), as verl's
+  `verl/workers/megatron_workers.py` (init_model) orders a hybrid engine: the actor offloads before
+  the rollout engine starts, so vLLM's free-memory check sees the device empty.
 - verl's Ascend recipes export VLLM_ASCEND_ENABLE_NZ=0 for RL (FRACTAL_NZ breaks refreshed weights);
   the colocated refresh order (wake the weights, receive them, wake the KV cache) is verl's
   sleep/wake protocol for hybrid engines."""
@@ -25,10 +33,15 @@ from pathlib import Path
 
 from aspc.controller.kinds import JUDGE_VERDICT_TOKENS
 from aspc.costmodel.roofline import parameters
+from aspc.ir.facts import GIB, hardware_table
+from aspc.ir.memory import generation_need
 from aspc.plan.execution_plan import ExecutionPlan, ModelPlan, StagePlan
 
 JUDGE_RUBRIC_TOKENS = 1024  # room for the rubric around the prompt and the response
 JUDGE_MEMORY = 0.9
+# vllm-ascend's non-KV memory beyond the weights: the profile run's activation peak, ACL graphs, HCCL
+# buffers, the CANN context (an estimate read from worker.py's accounting, never measured on an NPU)
+ENGINE_RUNTIME_BYTES = 4 * GIB
 SLEEP_LEVEL = 1  # offload weights to host memory, drop the KV cache (vLLM's level 2 drops the weights too)
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # RL engines must not keep weights in the FRACTAL_NZ layout: refreshed weights arrive in ND.
@@ -59,8 +72,10 @@ def engine_args(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None, sh
     model = plan.model(stage.model)
     options = dict(stage.options)
     max_num_seqs, memory = engine_limits(options)
-    args = _common_args(model, stage, base_dir, max_num_seqs, memory_share(memory, sharers))
-    args["max_model_len"] = plan.dataset(stage.data).max_prompt + options["max_tokens"]
+    max_model_len = plan.dataset(stage.data).max_prompt + options["max_tokens"]
+    share = engine_share(plan, stage, model, max_model_len, memory_share(memory, sharers))
+    args = _common_args(model, stage, base_dir, max_num_seqs, share)
+    args["max_model_len"] = max_model_len
     args["enforce_eager"] = not options.get("graph_mode", True)
     if options.get("graph_mode", True):
         args["compilation_config"] = {"cudagraph_capture_sizes": capture_sizes(max_num_seqs)}
@@ -76,8 +91,10 @@ def judge_args(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None, sha
     model = plan.model(judge_source(stage).get("model"))
     data = plan.dataset(plan.stages_of("generate")[0].data)
     calls = judge_source(stage).get("concurrency")  # the calls in flight on one engine: its batch
-    args = _common_args(model, stage, base_dir, calls, memory_share(JUDGE_MEMORY, sharers))
-    args |= {"max_model_len": JUDGE_RUBRIC_TOKENS + data.max_prompt + data.max_response + JUDGE_VERDICT_TOKENS,
+    max_model_len = JUDGE_RUBRIC_TOKENS + data.max_prompt + data.max_response + JUDGE_VERDICT_TOKENS
+    share = engine_share(plan, stage, model, max_model_len, memory_share(JUDGE_MEMORY, sharers))
+    args = _common_args(model, stage, base_dir, calls, share)
+    args |= {"max_model_len": max_model_len,
              "enforce_eager": False, "load_format": "auto" if model.checkpoint else "dummy",
              "compilation_config": {"cudagraph_capture_sizes": capture_sizes(calls)}}
     return args
@@ -97,6 +114,20 @@ def memory_share(memory: float, sharers: int) -> float:
     """An engine's gpu_memory_utilization when `sharers` processes start on its NPUs: its equal share,
     rounded down, so that vllm-ascend's start-up free-memory check passes whoever starts first."""
     return memory if sharers == 1 else math.floor(memory / sharers * 100) / 100
+
+
+def engine_need(model: ModelPlan, stage: StagePlan, max_model_len: int) -> float:
+    """Bytes one engine process needs on each of its NPUs to start: its weight shard, a KV cache for
+    one request of max_model_len (vLLM refuses less) and the runtime margin."""
+    return generation_need(model.arch, model.dtype, stage.parallel, max_model_len).total + ENGINE_RUNTIME_BYTES
+
+
+def engine_share(plan: ExecutionPlan, stage: StagePlan, model: ModelPlan, max_model_len: int, share: float) -> float:
+    """gpu_memory_utilization: the equal share among the processes on the engine's NPUs when that
+    holds what the engine needs, else the need itself rounded up to a hundredth (the engine then
+    starts alone on its NPUs and sleeps before the others start: StageLaunch.startup)."""
+    device = hardware_table()[plan.pool(stage.pool).hardware].hbm_gib * GIB
+    return max(share, math.ceil(engine_need(model, stage, max_model_len) / device * 100) / 100)
 
 
 def judge_source(stage: StagePlan):

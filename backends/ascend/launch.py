@@ -8,6 +8,7 @@ from collections import Counter
 
 from aspc.backends.ascend.lowering import LaunchPlan
 from aspc.backends.ascend.process_env import referenced_node
+from aspc.backends.ascend.startup import phase
 
 
 def launch_script(plan: LaunchPlan) -> str:
@@ -22,9 +23,13 @@ def launch_script(plan: LaunchPlan) -> str:
                   "comma-separated (or compile with ASPC_NODES set to write them in)",
                   f'IFS=, read -r -a NODE <<< "${{ASPC_NODES:?set ASPC_NODES to the {plan.nodes} node addresses, '
                   'node0 first}"']
+    phases = {s.stage: phase(s.startup) for s in plan.stages}
+    if any(s.startup for s in plan.stages):
+        lines.append("# time-shared NPUs: each node's engines are listed first; they must be asleep before the "
+                     "processes after them start (launch.json stages[].startup)")
     for node in range(plan.nodes):
         lines.append(f"\n# ---- node{node} ----")
-        for p in (p for p in plan.processes if p.node == node):
+        for p in sorted((p for p in plan.processes if p.node == node), key=lambda p: phases[p.stage]):
             env = " ".join(f"{k}={_shell_value(str(v))}" for k, v in sorted(p.env.items()))
             shared = "  # time-shared" if p.time_shared else ""
             lines.append(f"{env} {' '.join(shlex.quote(c) for c in p.command)} &{shared}")
@@ -72,7 +77,8 @@ def _stage_summary(stage, procs) -> list[str]:
         lines.append("  groups " + ", ".join(f"{axis} {len(g)}x{_values(Counter(len(x) for x in g))}"
                                              for axis, g in sorted(stage.groups.items())))
     for label, value in (("config", stage.config), ("model_args", stage.model_args), ("builders", stage.builders),
-                         ("compiler", stage.compiler), ("micro_batching", stage.micro_batching)):
+                         ("compiler", stage.compiler), ("micro_batching", stage.micro_batching),
+                         ("startup", stage.startup)):
         if value:
             lines += _wrapped(label, value)
     return lines

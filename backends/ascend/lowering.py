@@ -16,6 +16,7 @@ from aspc.backends.ascend import megatron_args as megatron
 from aspc.backends.ascend.checkpoint_settings import checkpoint_settings
 from aspc.backends.ascend.groups import process_groups, rank_coords
 from aspc.backends.ascend.process_env import ALLOC_ENV, HCCL_ENV, node_address, port_ranges
+from aspc.backends.ascend.startup import startups
 from aspc.backends.ascend.topology import Device, device, pool_offsets, visible_devices
 from aspc.frontend.tool_schemas import SchemaError, tool_schemas
 from aspc.ir.facts import DTYPE_BYTES, ModelArch
@@ -54,6 +55,8 @@ class StageLaunch:
     micro_batching: dict | None  # megatron: packing; engines: sampling and the weight refresh
     # megatron: config_class, layer_spec {function, arguments}, mindspeed_argv, checkpoint
     builders: dict = field(default_factory=dict)
+    # NPUs shared with other stages: start-up phase, and what follows it (startup.py)
+    startup: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,8 @@ def lower(plan: ExecutionPlan, base_dir: Path | None = None,
     processes = _with_port_ranges(processes)
     users = Counter((p.node, d) for p in processes for d in p.devices)
     stages = [_stage_launch(plan, stage, base_dir, _sharers(stage, processes, users)) for stage in placed]
+    order = startups(processes, {s.stage: s.role for s in stages})
+    stages = [dataclasses.replace(s, startup=order.get(s.stage, {})) for s in stages]
     stages += [_tool_runner_launch(stage, base_dir) for stage in plan.stages_of("environment")]
     transfers = [t for sync in plan.weight_syncs for t in _transfers(plan, sync)]
     nodes = max((p.node for p in processes), default=-1) + 1

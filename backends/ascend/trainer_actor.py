@@ -90,6 +90,7 @@ class MicroBatch:
     advantages: torch.Tensor
     keys: list
     spans: list  # each sequence's (first, end) label positions of its response tokens
+    ref_logprobs: torch.Tensor | None = None  # the reference's, where the rollouts have them (the KL term)
 
 
 def pack(rollouts: list, tokens: int, advantages: dict | None = None) -> list[MicroBatch]:
@@ -109,7 +110,7 @@ def pack(rollouts: list, tokens: int, advantages: dict | None = None) -> list[Mi
 
 
 def _micro_batch(row: list, tokens: int, advantages: dict) -> MicroBatch:
-    ids, pos, labels, mask, old, adv = ([0] * tokens for _ in range(6))
+    ids, pos, labels, mask, old, adv, ref = ([0] * tokens for _ in range(7))
     allowed = torch.zeros(tokens, tokens, dtype=torch.bool)
     at, spans = 0, []
     for r in row:
@@ -119,13 +120,15 @@ def _micro_batch(row: list, tokens: int, advantages: dict) -> MicroBatch:
         labels[at:end - 1] = seq[1:]
         for i in range(n_prompt - 1, len(seq) - 1):  # position i predicts response token i + 1
             mask[at + i], old[at + i] = 1, r.behaviour_logprobs[i - n_prompt + 1]
+            ref[at + i] = r.ref_logprobs[i - n_prompt + 1] if r.ref_logprobs is not None else 0.0
             adv[at + i] = advantages.get(r.key, 0.0)
         spans.append((at + n_prompt - 1, end - 1))
         allowed[at:end, at:end] = torch.tril(torch.ones(len(seq), len(seq), dtype=torch.bool))
         at = end
     as_row = lambda values, dtype=torch.long: torch.tensor(values, dtype=dtype)[None]  # noqa: E731
     return MicroBatch(as_row(ids), as_row(pos), (~allowed)[None, None], as_row(labels), as_row(mask, torch.float),
-                      as_row(old, torch.float), as_row(adv, torch.float), [r.key for r in row], spans)
+                      as_row(old, torch.float), as_row(adv, torch.float), [r.key for r in row], spans,
+                      as_row(ref, torch.float) if all(r.ref_logprobs is not None for r in row) else None)
 
 
 def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -231,8 +234,9 @@ class MegatronTrainer:
 
         def loss_func(output):
             logp = token_logprobs(output, mb.labels, s.temperature)
-            loss, stats = policy_loss(logp, mb.old_logprobs, None, mb.advantages, mb.loss_mask, s.loss, s.clip,
-                                      s.clip_high, 0.0, s.aggregation)
+            kl = s.kl if mb.ref_logprobs is not None else 0.0  # the k3 penalty against the reference
+            loss, stats = policy_loss(logp, mb.old_logprobs, mb.ref_logprobs, mb.advantages, mb.loss_mask, s.loss,
+                                      s.clip, s.clip_high, kl, s.loss_agg)
             return loss, {"loss": loss.detach(), **stats}
 
         return logits, loss_func
@@ -248,11 +252,20 @@ class MegatronTrainer:
         on rank 0 (weight_sync.gather_hf), where the sender stages them for the engines' refreshes;
         other ranks return None."""
         self.version += 1
+        return self.publish(self.version)
+
+    def publish(self, version: int):
+        """Publish the weights as `version` (0: the checkpoint's, before any step)."""
         local = {k: v for k, v in self.model.module.state_dict().items() if isinstance(v, torch.Tensor)}
         if self.stage["config"].get("moe_grouped_gemm"):
             local = grouped_to_sequential(self.sync.arch, local, self.sync.parallel.ep)
         tensors = gather_hf(self.sync.arch, local, self.sync.parallel, self.sync.comm)
-        return self.sync.sender.publish(self.version, tensors) if self.sync.sender is not None else None
+        return self.sync.sender.publish(version, tensors) if self.sync.sender is not None else None
+
+    def send_weights(self, version: int, instance: int) -> None:
+        """Rank 0: broadcast staged version `version` to one instance (an engine's HandleSender asks,
+        weight_sync.py); host-side, so the other ranks take no part."""
+        self.sync.sender.wait(self.sync.sender.start(version, instance))
 
     def _logprobs(self, model, rollouts: list) -> dict:
         """Sample key -> its response tokens' log-probs under `model` (forward only)."""
@@ -282,7 +295,7 @@ def compile_forward(model, compiler: dict):
 
 
 # ---- one job, many ranks: rank 0 leads, the others follow ----
-MODEL_CALLS = ("reference", "values", "train", "optimizer_step", "snapshot")  # every rank must run these
+MODEL_CALLS = ("reference", "values", "train", "optimizer_step", "snapshot", "publish")  # every rank must run these
 
 
 class Leader:

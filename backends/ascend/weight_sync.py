@@ -249,6 +249,40 @@ class WeightSender:
         if errors:
             raise errors[0]
 
-    def __getstate__(self):
-        raise TypeError("a WeightSender stays on trainer rank 0: engines in other processes reach it through "
-                        "the driver's actor handle, never a copy")
+    def __reduce__(self):
+        """Leaving its process, a sender becomes a handle to the Ray actor that holds it (trainer rank
+        0's: the driver's learner actor); outside a Ray actor it cannot leave."""
+        handle = _current_actor()
+        if handle is None:
+            raise TypeError("a WeightSender stays on trainer rank 0: engines in other processes reach it "
+                            "through the Ray actor that holds it, never a copy")
+        return HandleSender, (handle,)
+
+
+class HandleSender:
+    """PublishedWeights' sender in an engine's actor: it asks the actor holding the trainer's
+    WeightSender (`send_weights(version, instance)`: stage and broadcast, on that actor) through its
+    Ray handle, and waits for the broadcast while the engine's workers receive it. The staged
+    tensors never travel through Ray's object store; only the call does."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def start(self, version: int, instance: int):
+        return self.handle.send_weights.remote(version, instance)
+
+    def wait(self, pending) -> None:
+        import ray
+
+        ray.get(pending)  # a failed broadcast raises here, on the engine's side
+
+
+def _current_actor():
+    """The handle of the Ray actor this code runs in, or None (no Ray, or not in an actor)."""
+    try:
+        import ray
+    except ImportError:
+        return None
+    if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+        return None
+    return ray.get_runtime_context().current_actor

@@ -111,6 +111,11 @@ class _LearnerActor:
     def optimizer_step(self):
         return self.learner.optimizer_step()
 
+    def send_weights(self, version, instance):
+        """An engine's refresh asks the learner to send it a published version (backends whose
+        published weights stay with the learner: the Ascend backend's HandleSender)."""
+        return self.learner.send_weights(version, instance)
+
     def snapshot(self):
         return self.learner.snapshot()
 
