@@ -15,6 +15,7 @@ import torch
 from aspc.backends.ascend.engine_actor import VllmEngine
 from aspc.backends.ascend.engine_args import weight_refresh
 from aspc.backends.ascend.lowering import lower
+from aspc.backends.ascend.run_executors import AscendExecutors
 from aspc.backends.ascend.trainer_actor import pack, per_sequence
 from aspc.backends.ascend.weight_sync import WeightSender, receive_hf, send_hf
 from aspc.backends.cpu.executors import CpuExecutors
@@ -357,6 +358,9 @@ class CpuLearnerAsLeader:
     def publish(self, version):
         return self.sender.publish(version, self.learner.actor.state_dict())
 
+    def send_weights(self, version, instance):  # an engine's HandleSender asks (the Ray runtime)
+        self.sender.wait(self.sender.start(version, instance))
+
 
 def fake_platform(monkeypatch):
     """The doctor's checks pass; vLLM is FakeLLM over the CPU generator, the transfer group an
@@ -430,12 +434,10 @@ def test_aspc_run_backend_ascend_drives_the_npu_executors_as_the_cpu_backend(asp
 
 
 def test_aspc_run_backend_ascend_refuses_what_the_npu_executors_do_not_run(aspc, tmp_path, monkeypatch):
-    """Each refusal is one message saying what to do: the Ray runtime, a warm start, colocated engines
-    (at the stage's line), a model without a checkpoint."""
+    """Each refusal is one message saying what to do: a warm start, colocated engines (at the stage's
+    line), a model without a checkpoint."""
     fake_platform(monkeypatch)
     separate = str(separate_pools(tmp_path))
-    result = aspc("run", separate, "--backend", "ascend", "--runtime", "ray")
-    assert result.exit_code == 1 and "--runtime local" in result.output
     result = aspc("run", separate, "--backend", "ascend", "--warmstart", "5", "--steps", "1")
     assert result.exit_code == 1 and "--warmstart 0" in result.output
     result = aspc("run", str(TINY), "--backend", "ascend", "--warmstart", "0", "--steps", "1")
@@ -495,3 +497,116 @@ def test_published_weights_reach_an_engine_in_another_ray_actor_through_the_lear
             ray.get(engine.refresh.remote(published, -1), timeout=120)
     finally:
         ray.shutdown()
+
+
+# ---- `aspc run --backend ascend --runtime ray`: engines and megatron's rank 0 in Ray actors ----
+HUB = "fake-hccl"
+
+
+class HubActor:
+    """fake_comm's Hub in a Ray actor: where each instance's weight-transfer group meets across the
+    actors' processes (HCCL's part on NPUs); it also logs which devices each fake process saw."""
+
+    def __init__(self):
+        self.hubs, self.log = {}, []
+
+    def exchange(self, instance, key, index, size, value):
+        return self.hubs.setdefault(instance, Hub()).exchange(key, index, size, value)
+
+    def note(self, item):
+        self.log.append(item)
+
+    def notes(self):
+        return self.log
+
+
+class RemoteHub:
+    """Instance `instance`'s group in HubActor, as ThreadCommunicator calls a Hub."""
+
+    def __init__(self, instance):
+        self.instance = instance
+
+    def exchange(self, key, index, size, value):
+        import ray
+
+        return ray.get(ray.get_actor(HUB).exchange.remote(self.instance, key, index, size, value))
+
+
+def note(role, instance=None):
+    import ray
+
+    ray.get(ray.get_actor(HUB).note.remote((role, instance, os.environ.get("ASCEND_RT_VISIBLE_DEVICES"),
+                                            os.getpid())))
+
+
+class RayFakeAscendExecutors(AscendExecutors):
+    """fake_platform's fakes as a subclass, so that they travel into the Ray actors: FakeLLM over the
+    CPU generator, megatron's rank 0 the CPU learner (built in the learner actor), each transfer group
+    a RemoteHub between the learner's actor and the engine's."""
+
+    def check_launch(self):  # the tiny model has no checkpoint; ASPC_NODES is not set
+        pass
+
+    def _cpu(self):
+        if "cpu" not in self.__dict__:
+            self.cpu = CpuExecutors(self.plan, self.base_dir, self.seed)
+        return self.cpu
+
+    def engine_api(self, index, instances):
+        generator, comm = self._cpu().generation_engine(index, instances), ThreadCommunicator(1, RemoteHub(index))
+
+        def llm(**args):  # called inside the engine's actor, when the engine starts
+            note("engine", index)
+            return FakeLLM(generator, comm, **args)
+
+        return SimpleNamespace(LLM=llm, SamplingParams=SamplingParams)
+
+    def build_trainer(self):
+        note("learner")
+        return CpuLearnerAsLeader(self._cpu().trainer(), WeightSender(self._send))
+
+    def join_trainer_side(self, index):
+        self.groups[index] = ThreadCommunicator(0, RemoteHub(index))
+
+    def _send(self, tensors, instance):
+        send_hf(tensors, self.groups[instance], [0, 1])
+
+
+def test_aspc_run_backend_ascend_on_ray_places_engines_and_the_learner_on_npus(aspc, tmp_path, monkeypatch):
+    """`--runtime ray` with the NPU executors: each engine and the learner (built inside its actor,
+    version 0 published there) is an actor on its own fake NPU; the transfer groups form between
+    the actors; the same controller trains the same samples per step as `--backend cpu`, with the
+    same first-step reward."""
+    ray = pytest.importorskip("ray")
+    from aspc.backends.ascend import executors as npu_executors
+    from aspc.backends.ascend import run_executors
+    from aspc.cli import doctor
+
+    monkeypatch.setattr(doctor, "missing_stack_message", lambda: None)
+    monkeypatch.setattr(npu_executors, "require_npu", lambda: None)
+    monkeypatch.setattr(run_executors, "AscendExecutors", RayFakeAscendExecutors)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    npu = tmp_path / "npu.aspl"
+    npu.write_text(separate_pools(tmp_path).read_text().replace("= cpu x", "= 910b3 x"))
+    ray.shutdown()
+    ray.init(num_cpus=2, resources={"NPU": 3}, include_dashboard=False, log_to_driver=False)
+    try:
+        hub = ray.remote(HubActor).options(name=HUB, num_cpus=0, max_concurrency=16).remote()
+        path = tmp_path / "ray.jsonl"
+        result = aspc("run", str(npu), "--backend", "ascend", "--runtime", "ray", "--steps", "2", "--warmstart",
+                      "0", "--metrics", str(path), "--set", "schedule.staleness=0")
+        assert result.exit_code == 0, result.output
+        notes = ray.get(hub.notes.remote())
+    finally:
+        ray.shutdown()
+    on_ray = [json.loads(line) for line in path.read_text().splitlines() if '"trained"' in line]
+    cpu = cli_metrics(aspc, tmp_path, "cpu")
+    assert len(on_ray) == len(cpu) == 2
+    assert [m["trained"] for m in on_ray] == [m["trained"] for m in cpu]
+    for key in ("reward", "response_len"):  # the first step: the same responses from the same weights
+        assert on_ray[0][key] == cpu[0][key], key
+    assert on_ray[0]["is_weight"] == pytest.approx(cpu[0]["is_weight"], abs=1e-6)  # engines' log-probs
+    roles = sorted((role, instance) for role, instance, _, _ in notes)
+    assert roles == [("engine", 0), ("engine", 1), ("learner", None)]
+    assert sorted(devices for _, _, devices, _ in notes) == ["0", "1", "2"]  # one fake NPU each
+    assert len({pid for *_, pid in notes} | {os.getpid()}) == 4  # three actors, none of them this process

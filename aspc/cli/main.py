@@ -482,13 +482,10 @@ def _run_ascend(file, overrides, schedule, pipeline, dry_run, request) -> None:
     from aspc.cli.run import run_training
     from aspc.controller.kinds import refusals
 
-    if request.runtime_kind != "local":
-        raise click.ClickException(f"{file}: the Ray runtime cannot hold NPU executors yet (the learner actor "
-                                   "would have to build rank 0's megatron model itself, and weights cross actors "
-                                   "by a Ray-handle sender); run with --runtime local (docs/ascend.md)")
     plan = _plan(compiled, pipeline)
     _refuse_at_stages(file, overrides, compiled, refusals(plan) or AscendExecutors.unsupported(plan))
     # threads: each vLLM engine starts its own worker processes; megatron's rank 0 stays in this one
+    # (with --runtime ray: engines and rank 0 in Ray actors on the launch plan's NPUs)
     run_training(replace(request, workers="threads"), plan, AscendExecutors)
 
 

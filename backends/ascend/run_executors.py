@@ -4,7 +4,9 @@ and its controller are the same as every backend's; this factory hands them
   each joined to the trainer's weight-transfer group when built;
 - the learner: rank 0 of the train stage's megatron job, a `MegatronTrainer` behind a `Leader`
   (trainer_actor.py); ranks > 0 are the processes of the launch plan (`--dry-run` prints them),
-  which follow rank 0's calls;
+  which follow rank 0's calls. On the local runtime rank 0 is in this process; on Ray it is built
+  inside the learner actor (`learner_in_actor`), and each engine's actor joins its transfer group
+  with that actor (`unstarted_engine`, `transfer_info`, `join_trainer_side`);
 - the weights: published by the trainer (full Hugging Face tensors on rank 0, weight_sync.py) and
   broadcast per instance by vllm-ascend's HCCL engine (executors.hccl_sender);
 - prompts, rule and python rewards and rollouts: the CPU backend's host side.
@@ -36,6 +38,10 @@ class AscendExecutors(CpuExecutors):
     with a placeholder checkpoint."""
 
     platform = "ascend"
+    # megatron's rank 0 (process groups, NPU tensors, the weight sender) cannot be pickled into a Ray
+    # actor: the Ray runtime's learner actor builds it from this factory, publishes version 0 there
+    # and joins each engine's transfer group (aspc/drivers/ray/runtime.py, "learner_in_actor")
+    learner_in_actor = True
 
     def __init__(self, plan: ExecutionPlan, base_dir, seed: int = 0):  # not super().__init__: it builds CPU models
         self.plan, self.base_dir, self.seed = plan, base_dir, seed
@@ -97,9 +103,15 @@ class AscendExecutors(CpuExecutors):
     def generation_engine(self, index: int, instances: int) -> VllmEngine:
         """Instance `index`: vLLM starts inside the engine on first use; it joins the trainer's
         weight-transfer group now, while the trainer joins as rank 0."""
+        engine = self.unstarted_engine(index, instances)
+        self.transfer_group(engine, index)
+        return engine
+
+    def unstarted_engine(self, index: int, instances: int) -> VllmEngine:
+        """Instance `index` before vLLM starts and before it joins the transfer group: what the Ray
+        runtime hands the instance's actor (which joins with `transfer_info`)."""
         engine = VllmEngine(self.gen_launch, index, self.engine_api(index, instances))
         self.engines[index] = engine
-        self.transfer_group(engine, index)
         return engine
 
     def trainer(self):
@@ -132,17 +144,26 @@ class AscendExecutors(CpuExecutors):
     def transfer_group(self, engine: VllmEngine, index: int) -> None:
         """Instance `index`'s weight-transfer group (vllm-ascend's HCCL engine): the engine's workers
         join from its side while trainer rank 0 joins as rank 0, both blocking until all are in."""
+        trainer_side = threading.Thread(target=self.join_trainer_side, args=(index,), daemon=True)
+        trainer_side.start()
+        engine.connect(self.transfer_info(index))
+        trainer_side.join()
+        if index not in self.groups:
+            raise RuntimeError(f"trainer rank 0 did not join instance {index}'s weight-transfer group")
+
+    def transfer_info(self, index: int) -> dict:
+        """Instance `index`'s weight-transfer group (HCCLWeightTransferInitInfo): rank 0 is trainer
+        rank 0, the engine's tp·pp workers follow."""
+        parallel = self.gen_stage.parallel
+        return {"master_address": self._rank0().env["MASTER_ADDR"], "master_port": TRANSFER_PORT + index,
+                "rank_offset": 1, "world_size": 1 + parallel.tp * parallel.pp}
+
+    def join_trainer_side(self, index: int) -> None:
+        """Trainer rank 0 joins instance `index`'s group (in the process that holds the trainer: this
+        one on the local runtime, the learner actor on Ray), blocking until the engine's workers join."""
         from aspc.backends.ascend.executors import join_transfer_group
 
-        rank0 = self._rank0()
-        info = {"master_address": rank0.env["MASTER_ADDR"], "master_port": TRANSFER_PORT + index,
-                "rank_offset": 1, "world_size": 1 + self.gen_stage.parallel.tp * self.gen_stage.parallel.pp}
-        joined: dict = {}
-        trainer_side = threading.Thread(target=lambda: joined.update(group=join_transfer_group(info)), daemon=True)
-        trainer_side.start()
-        engine.connect(info)
-        trainer_side.join()
-        self.groups[index] = joined["group"]
+        self.groups[index] = join_transfer_group(self.transfer_info(index))
 
     def build_trainer(self):
         """Rank 0 of the megatron job, in this process: MindSpeed's adaptor with the plan's flags, the

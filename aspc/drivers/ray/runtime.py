@@ -1,7 +1,9 @@
 """The Ray runtime: the same controller and worker loops as the local runtime, with each
 generation instance and the learner in a Ray actor. Data and weights move through the object
 store. A generation actor that dies is detected, its work re-queued by the controller and the
-actor restarted; one that keeps dying ends the run with a clear message."""
+actor restarted; one that keeps dying ends the run with a clear message. A learner that cannot
+leave its process (the Ascend backend's megatron rank 0: `learner_in_actor`) is built inside its
+actor, which also publishes version 0 and joins each engine's weight-transfer group."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,6 +16,7 @@ from aspc.drivers.local.runtime import LocalRuntime
 from aspc.drivers.local.workers import InstanceLost, WorkerFailed
 
 MAX_RESTARTS = 3
+JOIN_TIMEOUT_S = 600  # an engine's actor and the learner's meeting in its weight-transfer group
 CPU_SHARE = 0.25  # a CPU actor's share of a core: the tiny models leave room for several per core
 
 
@@ -40,11 +43,14 @@ def start_ray(address: str | None):
 
 
 class _GeneratorActor:
-    """Inside a Ray worker: the CPU backend's generator for one instance."""
+    """Inside a Ray worker: one generation instance (the CPU backend's generator, or an engine that
+    first joins the learner's weight-transfer group: `transfer`)."""
 
-    def __init__(self, generator, state, set_threads):
+    def __init__(self, generator, state, set_threads, transfer=None):
         set_threads(1)  # a CPU actor holds a fraction of a core (CPU_SHARE): one thread, not one per core
         self.generator = generator
+        if transfer is not None:  # the learner actor joins the same group meanwhile (_ActorBuiltLearner)
+            self.generator.connect(transfer)
         self.generator.load_weights(state)
 
     def step(self, requests):
@@ -125,9 +131,49 @@ class _LearnerActor:
                 {"actor": l.optimizer, "critic": l.critic_optimizer})
 
 
+class _ActorBuiltLearner(_LearnerActor):
+    """A learner that cannot leave its process (executors' `learner_in_actor`: megatron's rank 0 on
+    an NPU, with its process groups and weight sender): built in this actor from the executors, which
+    publish version 0 here and join each engine's weight-transfer group from here."""
+
+    def __init__(self, executors):
+        self.executors = executors
+        super().__init__(executors.trainer(), executors.set_threads)
+
+    def initial_weights(self):
+        return self.executors.snapshot()
+
+    def join_transfer_group(self, index: int) -> None:
+        self.executors.join_trainer_side(index)
+
+
+class _LearnerInActor:
+    """The executors as the local runtime's build sees them when the learner lives in an actor:
+    its trainer is the actor, version 0 comes from there, and engines are handed over unstarted
+    (their actors start them and join the learner's transfer groups)."""
+
+    def __init__(self, executors, learner: RemoteLearner):
+        self.inner, self.learner = executors, learner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def trainer(self):
+        return self.learner
+
+    def snapshot(self):
+        return self.learner.initial_weights()
+
+    def generation_engine(self, index: int, instances: int):
+        return self.inner.unstarted_engine(index, instances)
+
+
 class RemoteLearner:
     def __init__(self, ray, actor):
         self.ray, self.actor = ray, actor
+
+    def initial_weights(self):
+        return self.ray.get(self.actor.initial_weights.remote())
 
     def __getattr__(self, method):
         if method in ("reward", "reference", "values", "train"):
@@ -153,20 +199,35 @@ class RayRuntime(LocalRuntime):
                                   "run with --runtime local, or remove filter_groups")
         self.ray = start_ray(address)
         self.restarts: dict[int, int] = {}
+        self._joins: dict = {}  # instance -> the learner actor's pending join of its transfer group
 
     def build(self) -> None:
+        in_actor = getattr(self.executors, "learner_in_actor", False)
+        if in_actor:
+            self._learner_in_actor()
         super().build()
         ray = self.ray
-        self.placement = self._placement_group()
+        if not in_actor:
+            self.placement = self._placement_group()
         self._gen_actor = ray.remote(_GeneratorActor)
         self._templates = {}
-        for worker in self.gen_workers:
+        for worker in self.gen_workers:  # the engines start side by side; then all have joined their groups
             self._templates[worker.index] = copy.deepcopy(worker.generator)
-            worker.generator = self._remote_generator(worker.index)
-        learner_options = self._bundle(len(self.gen_workers))
-        learner_actor = ray.remote(_LearnerActor).options(**learner_options).remote(self.learner,
-                                                                                    self.executors.set_threads)
-        self.learner_worker.learner = RemoteLearner(ray, learner_actor)
+            worker.generator = self._remote_generator(worker.index, wait=False)
+        self._joined()
+        if not in_actor:
+            learner_options = self._bundle(self.config.instances)
+            learner_actor = ray.remote(_LearnerActor).options(**learner_options).remote(self.learner,
+                                                                                        self.executors.set_threads)
+            self.learner_worker.learner = RemoteLearner(ray, learner_actor)
+
+    def _learner_in_actor(self) -> None:
+        """The learner actor, on its bundle, builds the learner itself (_ActorBuiltLearner); the
+        local runtime's build then reaches it through _LearnerInActor."""
+        self.placement = self._placement_group()
+        options = self._bundle(self.config.instances)
+        actor = self.ray.remote(_ActorBuiltLearner).options(**options).remote(self.executors)
+        self.executors = _LearnerInActor(self.executors, RemoteLearner(self.ray, actor))
 
     def _placement_group(self):
         """One bundle per generation instance and one for the learner, packed onto one node:
@@ -178,9 +239,10 @@ class RayRuntime(LocalRuntime):
         kind = hardware_table()[pool.hardware].ray_resource  # NPU on Ascend pools, from aspc/data/hardware.toml
         # an accelerator bundle also holds the actor's share of a CPU; the learner's is its rank 0's device
         # (the other ranks of a megatron job start from the launch plan, aspc/backends/ascend/executors.py)
-        self.devices = [{kind: per_instance} for _ in self.gen_workers] + [{kind: 1}] if kind != "CPU" else []
+        instances = self.config.instances
+        self.devices = [{kind: per_instance} for _ in range(instances)] + [{kind: 1}] if kind != "CPU" else []
         bundles = [{"CPU": CPU_SHARE, **devices} for devices in self.devices] or \
-            [{"CPU": CPU_SHARE} for _ in range(len(self.gen_workers) + 1)]
+            [{"CPU": CPU_SHARE} for _ in range(instances + 1)]
         group = placement_group(bundles, strategy="STRICT_PACK" if per_instance <= 8 else "PACK")
         self.ray.get(group.ready(), timeout=60)
         return group
@@ -195,12 +257,32 @@ class RayRuntime(LocalRuntime):
         return {"num_cpus": CPU_SHARE, **devices, "scheduling_strategy": PlacementGroupSchedulingStrategy(
             placement_group=self.placement, placement_group_bundle_index=index)}
 
-    def _remote_generator(self, index: int) -> RemoteGenerator:
+    def _remote_generator(self, index: int, wait: bool = True) -> RemoteGenerator:
+        """Instance `index`'s actor, loaded with the newest weights; where the learner lives in an
+        actor, the instance's actor and the learner's first join the instance's transfer group
+        (`wait`: until both have; else _joined() waits)."""
         version = max(self.weights)
+        transfer = None
+        if isinstance(self.executors, _LearnerInActor):
+            transfer = self.executors.transfer_info(index)
+            self._joins[index] = self.learner.actor.join_transfer_group.remote(index)
         actor = self._gen_actor.options(**self._bundle(index)).remote(self._templates[index],
                                                                       self.ray.put(self.weights[version]),
-                                                                      self.executors.set_threads)
+                                                                      self.executors.set_threads, transfer)
+        if wait:
+            self._joined()
         return RemoteGenerator(self.ray, actor)
+
+    def _joined(self) -> None:
+        """Wait until the learner has joined the transfer groups asked for (the learner's actor joins
+        one group at a time, each when its engine's actor joins)."""
+        while self._joins:
+            index, joined = self._joins.popitem()
+            try:
+                self.ray.get(joined, timeout=JOIN_TIMEOUT_S)
+            except (self.ray.exceptions.RayError, TimeoutError) as error:
+                raise WorkerFailed(f"the learner did not join generation instance {index}'s weight-transfer "
+                                   f"group: {error}") from None
 
     def _stop(self, drain: bool = False) -> None:
         """Stop the worker threads, then free the actors and the placement group (once)."""
@@ -209,8 +291,11 @@ class RayRuntime(LocalRuntime):
         super()._stop(drain)
         from ray.util.placement_group import remove_placement_group
 
-        actors = [w.generator.actor for w in self.gen_workers if isinstance(w.generator, RemoteGenerator)]
-        learner = self.learner_worker.learner
+        actors = [w.generator.actor for w in getattr(self, "gen_workers", [])
+                  if isinstance(w.generator, RemoteGenerator)]
+        learner = getattr(getattr(self, "learner_worker", None), "learner", None)
+        if isinstance(self.executors, _LearnerInActor):  # built before the workers were
+            learner = self.executors.learner
         if isinstance(learner, RemoteLearner):
             if self.options.checkpoint_dir is not None:  # for a last checkpoint after the actors are gone
                 self._final_parts = learner.parts()
