@@ -134,8 +134,16 @@ def test_a_reward_model_needs_weights(tmp_path):
 
 def test_rlhf_from_the_learned_reward_raises_verified_accuracy():
     """The acceptance test: the policy is rewarded by the reward model alone, and its greedy
-    held-out accuracy by the task's verifier (which it never sees) rises over the warm start."""
-    before, after, result, runtime = verified_accuracy_over_a_run(PIPELINE, steps=40)
-    assert runtime.executors.reward_fn.sources == ()  # the learner holds no reward: the judges pool scores
-    assert len(result.metrics) == 40
-    assert after > before + 0.03, f"greedy verified accuracy {before:.3f} -> {after:.3f}"
+    held-out accuracy by the task's verifier (which it never sees) rises over the warm start — on
+    average over three seeds, and no seed collapses. One seed is not enough: the warm-started model
+    differs by machine, and on an AMD EPYC machine seed 0 alone went 0.355 -> 0.238 at temperature
+    1.0 (seeds 1, 2: +0.012, -0.055); at the pipeline's 0.7, seeds 0-2 rose by +0.031, +0.215 and
+    -0.004 (bench/RESULTS.md, "Learning on an AMD EPYC machine")."""
+    runs = [verified_accuracy_over_a_run(PIPELINE, steps=40, seed=seed) for seed in (0, 1, 2)]
+    shown = ", ".join(f"{before:.3f} -> {after:.3f}" for before, after, _, _ in runs)
+    for _, _, result, runtime in runs:
+        assert runtime.executors.reward_fn.sources == ()  # the learner holds no reward: the judges pool scores
+        assert len(result.metrics) == 40
+    gain = sum(after - before for before, after, _, _ in runs) / len(runs)
+    assert gain > 0.03, f"greedy verified accuracy per seed: {shown}"
+    assert all(after > before - 0.05 for before, after, _, _ in runs), f"a seed collapsed: {shown}"

@@ -29,6 +29,16 @@ class Ledger:
         self.spans.append(Span(track, start, end, category, label))
         self.add(category, (end - start) * devices)
 
+    def segments(self, track: str, segments: list[tuple[float, float, str]], until: float, devices: int) -> None:
+        """`span` of each (start, end, category) cut at `until`, labelled with its category (a
+        generation instance's hundreds of thousands of decode segments)."""
+        spans, booked = self.spans, self.device_seconds
+        for start, end, category in segments:
+            end = min(end, until)
+            if end > start:
+                spans.append(Span(track, start, end, category, category))
+                booked[category] += (end - start) * devices
+
     def close(self, total_device_seconds: float) -> dict[str, float]:
         accounted = sum(v for k, v in self.device_seconds.items() if k != "idle")
         self.device_seconds["idle"] = max(0.0, total_device_seconds - accounted)

@@ -71,9 +71,15 @@ class Controller:
         if self.filter is None:
             self._delivered([sample])
         elif self.filter.full(sample[0]):  # surplus of dynamic sampling: never scored nor trained
-            return self._drained_syncs(event.instance) + self._turn_boundary_sync(event.instance)
-        actions = self._route(self.learner.sample_done(sample))
-        return actions + self._drained_syncs(event.instance) + self._turn_boundary_sync(event.instance)
+            return self._syncs_after_finish(event.instance)
+        return self._route(self.learner.sample_done(sample)) + self._syncs_after_finish(event.instance)
+
+    def _syncs_after_finish(self, i: int) -> list:
+        """The pending weight sync a finished sample lets start: its instance drained, or (episodes
+        under partial rollout) every episode left is between two turns."""
+        if self.gen.instances[i].pending_sync is None:  # nothing to sync (the common case)
+            return []
+        return self._drained_syncs(i) + self._turn_boundary_sync(i)
 
     def _on_ToolCalled(self, event: ToolCalled) -> list:
         if self.gen.inflight.get(event.sample) != event.instance or event.sample in self.contexts:
@@ -233,7 +239,10 @@ class Controller:
         return [SwitchPool(self.config.shared_pool, target)]
 
     def _gen_busy(self) -> bool:
-        return any(self.has_work(i) for i in range(len(self.gen.instances)))
+        for i in range(len(self.gen.instances)):  # a loop, not a generator: asked after every event
+            if self.has_work(i):
+                return True
+        return False
 
     # -- runtime rebalancing (rebalance.py) --
     def _rebalance(self, version: int) -> None:
@@ -364,7 +373,7 @@ class Controller:
 
     def held_samples(self) -> int:
         """Finished samples not yet handed to the learner (incomplete groups, units or steps)."""
-        return len(self.used) - sum(self.learner.grouped.values())
+        return len(self.used) - self.learner.grouped_total
 
     def idle_while_others_queue(self) -> list[tuple[int, int]]:
         """(idle instance, instance with queued work it could take): empty under queue-aware dispatch.

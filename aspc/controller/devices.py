@@ -61,6 +61,8 @@ class DeviceWork:
         newer step's reference or reward pass can wait (under staleness 2 it became ready first and
         delayed training)."""
         actions = []
+        if not self.queue:
+            return actions
         for k, current in enumerate(self.running):
             if current is not None or not may_start(k):
                 continue
@@ -92,4 +94,8 @@ class DeviceWork:
 
     def waiting_for(self, executors: list[int]) -> bool:
         """Whether a queued item could run on one of these executors."""
-        return any(self.may_run(item, k) for item in self.queue for k in executors)
+        for item in self.queue:  # loops, not a generator: asked after every event
+            for k in executors:
+                if self.may_run(item, k):
+                    return True
+        return False

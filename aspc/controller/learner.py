@@ -18,6 +18,7 @@ class Learner:
         self.group_done: dict[tuple[int, int], int] = defaultdict(int)
         self.ready_groups: dict[int, list[int]] = defaultdict(list)  # step -> completed prompts
         self.grouped: dict[int, int] = defaultdict(int)  # step -> samples put into units
+        self.grouped_total = 0  # samples put into units, all steps
         self.work: dict[int, Work] = {}
         self.forward_left: dict[int, int] = {}  # train unit id -> forward works still running
         self.unit_of: dict[int, int] = {}  # forward work id -> its train unit id
@@ -33,13 +34,12 @@ class Learner:
     def sample_done(self, sample: SampleId) -> list[Work]:
         """Forward works for the units this sample completes."""
         step, prompt, _ = sample
-        self.group_done[(step, prompt)] += 1
-        scorings = []
-        if self.group_done[(step, prompt)] == self.config.group:
-            if not self.config.filters_groups:  # filtered: it waits for its scores and the filter's word
-                self.ready_groups[step].append(prompt)
-            scorings = self._score_group(step, prompt)
-        return scorings + self._form_units(step)
+        done = self.group_done[step, prompt] = self.group_done[step, prompt] + 1
+        if done != self.config.group:  # a group's last sample forms units; the rest change nothing
+            return []
+        if not self.config.filters_groups:  # filtered: it waits for its scores and the filter's word
+            self.ready_groups[step].append(prompt)
+        return self._score_group(step, prompt) + self._form_units(step)
 
     def admit(self, step: int, prompt: int) -> list[Work]:
         """Dynamic sampling: a scored group the filter keeps joins the step's units."""
@@ -47,11 +47,13 @@ class Learner:
         return self._form_units(step)
 
     def _score_group(self, step: int, prompt: int) -> list[Work]:
-        samples = tuple((step, prompt, g) for g in range(self.config.group))
-        works = [self._new(s.name, s.kind, step, samples) for s in self.config.forward_stages if s.per_group]
-        if works:
-            self.scores_left[(step, prompt)] = len(works)
-            self.group_of.update((w.id, (step, prompt)) for w in works)
+        scorers = [s for s in self.config.forward_stages if s.per_group]
+        if not scorers:
+            return []
+        samples = tuple([(step, prompt, g) for g in range(self.config.group)])
+        works = [self._new(s.name, s.kind, step, samples) for s in scorers]
+        self.scores_left[(step, prompt)] = len(works)
+        self.group_of.update((w.id, (step, prompt)) for w in works)
         return works
 
     def _form_units(self, step: int) -> list[Work]:
@@ -63,8 +65,9 @@ class Learner:
         while ready and (len(ready) * c.group >= size or step_complete):
             take = max(1, size // c.group)
             prompts, ready[:] = ready[:take], ready[take:]
-            samples = tuple((step, p, g) for p in prompts for g in range(c.group))
+            samples = tuple([(step, p, g) for p in prompts for g in range(c.group)])
             self.grouped[step] += len(samples)
+            self.grouped_total += len(samples)
             works += self._unit(step, samples)
         return works
 
@@ -121,6 +124,8 @@ class Learner:
     def runnable_train(self, version: int) -> list[Work]:
         """Train works of the step whose weights are current (training is in step order)."""
         queue = self.train_ready[version]
+        if not queue:
+            return []
         works = list(queue)
         queue.clear()
         return works

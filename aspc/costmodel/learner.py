@@ -26,9 +26,9 @@ def balance(lengths: list[int], ranks: int) -> list[list[int]]:
     loads = [(0, r) for r in range(ranks)]
     out: list[list[int]] = [[] for _ in range(ranks)]
     for length in sorted(lengths, reverse=True):
-        total, r = heapq.heappop(loads)
+        total, r = loads[0]
         out[r].append(length)
-        heapq.heappush(loads, (total + length, r))
+        heapq.heapreplace(loads, (total + length, r))  # (load, rank) are distinct: the same order as pop, push
     return out
 
 
@@ -43,7 +43,7 @@ def micro_batches(lengths: list[int], stage: StagePlan, mean: float) -> list[tup
     out = []
     for b in first_fit_decreasing(lengths, mb.tokens):
         members = [lengths[i] for i in b]
-        fill, squares = sum(members), sum(x * x for x in members)
+        fill, squares = sum(members), sum([x * x for x in members])
         padded = bucket_for(fill, mb.buckets) if mb.buckets else fill
         out.append((padded, fill, squares + (padded - fill) ** 2, squares))
     return out

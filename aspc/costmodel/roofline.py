@@ -78,8 +78,13 @@ class GenerationCost:
         return max(dense + experts * touched, compute * per_rank) + launch + self.communication(max(batch, 1))
 
     def prefill(self, tokens: int, requests: int = 1) -> float:
-        devices = self.par.tp * self.par.pp * self.par.dp
-        return 2 * self.arch.active_params() * tokens / (self._flops * devices) + self.communication(tokens)
+        flops_per_token, flops_per_second = self._prefill_rates
+        return flops_per_token * tokens / flops_per_second + self.communication(tokens)
+
+    @functools.cached_property
+    def _prefill_rates(self) -> tuple[float, float]:
+        """(2 x active parameters, the instance's FLOP/s), read once (a prefill per admitted request)."""
+        return 2 * self.arch.active_params(), self._flops * (self.par.tp * self.par.pp * self.par.dp)
 
     @functools.cached_property
     def _communications(self) -> dict[float, float]:
@@ -152,9 +157,21 @@ class LearnerCost:
     def forward(self, tokens: int, squares: float) -> float:
         """At the GEMM efficiency eta_f, which holds no communication: plus the TP all-reduces and
         expert all-to-alls of the pass, as generation's prefill pays them."""
-        flops = 2 * self.arch.active_params() * tokens + 4 * self._attention(squares)
-        rate = parameters()["efficiency"]["flops"] * self.hw.peak_bf16_tflops * 1e12 * self.rank_devices
-        return flops / rate + self.forward_communication(tokens)
+        flops = 2 * self._active_params * tokens + 4 * self._attention(squares)
+        return flops / self._forward_rate + self.forward_communication(tokens)
+
+    @functools.cached_property
+    def _active_params(self) -> int:  # read once: a work prices hundreds of micro-batches
+        return self.arch.active_params()
+
+    @functools.cached_property
+    def _forward_rate(self) -> float:
+        return parameters()["efficiency"]["flops"] * self.hw.peak_bf16_tflops * 1e12 * self.rank_devices
+
+    @functools.cached_property
+    def _train_rate(self) -> float:
+        mfu = parameters()["efficiency"]["train_mfu_moe" if self.arch.experts else "train_mfu_dense"]
+        return mfu * self.hw.peak_bf16_tflops * 1e12 * self.rank_devices
 
     @functools.cached_property
     def _forward_communications(self) -> dict[int, float]:
@@ -179,10 +196,8 @@ class LearnerCost:
         """At the published training MFU, which already holds training's TP/CP/EP collectives (the
         MFU tables measure whole steps): they are not priced again. Pipeline fill/drain is not in
         it: learner.work_cost adds it."""
-        n = self.arch.active_params()
-        flops = (8 if self.recompute else 6) * n * tokens + 12 * self._attention(squares)
-        mfu = parameters()["efficiency"]["train_mfu_moe" if self.arch.experts else "train_mfu_dense"]
-        return flops / (mfu * self.hw.peak_bf16_tflops * 1e12 * self.rank_devices)
+        flops = (8 if self.recompute else 6) * self._active_params * tokens + 12 * self._attention(squares)
+        return flops / self._train_rate
 
     def optimizer(self) -> float:
         """One AdamW update: read and write 16 bytes of state per local parameter."""

@@ -46,17 +46,24 @@ def default_prompt_lengths(data: DataSpec) -> Call:
 def sample_step(data: DataSpec, step: int, seed: int | None = None, prompts_drawn: int | None = None) -> list[Sample]:
     """prompts_per_step x group samples, in arrival order of the prompts. `prompts_drawn`: more
     prompts for the step (dynamic sampling's extra ones; the first prompts_per_step are the same)."""
+    prompts, responses = step_lengths(data, step, seed, prompts_drawn)
+    return [Sample(k // data.group, prompts[k // data.group], length) for k, length in enumerate(responses)]
+
+
+def step_lengths(data: DataSpec, step: int, seed: int | None = None,
+                 prompts_drawn: int | None = None) -> tuple[list[int], list[int]]:
+    """sample_step's lengths without a record per sample (the simulator reads hundreds of
+    thousands): (each prompt's length, each sample's response length), sample k of prompt k // group."""
     rng = random.Random(f"{data.seed if seed is None else seed}/{data.name}/{step}")
     responses = grown(data.response_lengths or default_response_lengths(data), step)
     prompts = data.prompt_lengths or default_prompt_lengths(data)
-    samples = []
-    for p in range(prompts_drawn or data.prompts_per_step):
-        prompt_len = _draw(prompts, data.max_prompt, rng, rng.gauss(0, 1))
+    prompt_lens, response_lens, members = [], [], range(data.group)
+    for _ in range(prompts_drawn or data.prompts_per_step):
+        prompt_lens.append(_draw(prompts, data.max_prompt, rng, rng.gauss(0, 1)))
         shared = rng.gauss(0, 1)
         draw = _group_drawer(_per_prompt(responses, rng), data.max_response)
-        for _ in range(data.group):
-            samples.append(Sample(p, prompt_len, draw(rng, shared)))
-    return samples
+        response_lens += [draw(rng, shared) for _ in members]
+    return prompt_lens, response_lens
 
 
 @functools.lru_cache(maxsize=256)

@@ -21,7 +21,11 @@ from aspc.costmodel.roofline import GenerationCost
 class GenInstance:
     def __init__(self, index: int, cost: GenerationCost, capacity: int, static: bool, devices: int):
         self.index, self.cost, self.capacity, self.static, self.devices = index, cost, capacity, static, devices
-        self.active: list[tuple[int, tuple]] = []  # heap of (finish count, sample)
+        # the active sequences by the decode count at which their turn ends: thousands share a
+        # few hundred counts, so a heap of the counts is much smaller than one of the sequences
+        self.active = 0
+        self._ending: dict[int, list[tuple]] = {}  # finish count -> its sequences
+        self._counts: list[int] = []  # heap of the keys of _ending
         self.ghosts = 0  # static batching: finished sequences still holding batch slots
         self.count = 0
         self.context = 0.0  # sum of the contexts of every sequence in the batch (ghosts too)
@@ -40,32 +44,39 @@ class GenInstance:
 
     @property
     def batch(self) -> int:
-        return len(self.active) + self.ghosts
+        return self.active + self.ghosts
 
     @property
     def live(self) -> bool:
         """Sequences in the batch or on a tool call."""
         return bool(self.active or self.waiting)
 
+    def _first_finish(self) -> int:
+        """The decode count at which the next active sequence's turn ends."""
+        return self._counts[0]
+
     def steps_time(self, k: int) -> float:
-        active = len(self.active)
-        b = active + self.ghosts
-        cost = self.cost
-        beta = cost.beta(active if self._skips_finished else b)
-        return k * beta + cost.alpha * (k * self.context + b * k * (k - 1) / 2)
+        return self._steps_time(k, self.cost.beta(self._computed()), self.batch)
+
+    def _steps_time(self, k: int, beta: float, b: int) -> float:
+        """steps_time with the step's beta and batch size read once (advance asks several times)."""
+        return k * beta + self.cost.alpha * (k * self.context + b * k * (k - 1) / 2)
 
     def _computed(self) -> int:
         """Sequences a decode step computes: a CPU engine skips a static batch's finished members."""
-        return len(self.active) if self._skips_finished else self.batch
+        return self.active if self._skips_finished else self.batch
 
     def steps_within(self, dt: float) -> int:
         """Whole decode steps that fit in dt."""
-        b, a, beta = self.batch, self.cost.alpha, self.cost.beta(self._computed())
+        return self._steps_within(dt, self.cost.beta(self._computed()), self.batch)
+
+    def _steps_within(self, dt: float, beta: float, b: int) -> int:
+        a = self.cost.alpha
         qa, qb = a * b / 2, beta + a * self.context - a * b / 2
         if qa <= 0:
             return int(dt / qb) if qb > 0 else 0
         k = int((-qb + math.sqrt(qb * qb + 4 * qa * dt)) / (2 * qa))
-        while k > 0 and self.steps_time(k) > dt:
+        while k > 0 and self._steps_time(k, beta, b) > dt:
             k -= 1
         return k
 
@@ -77,13 +88,14 @@ class GenInstance:
         start = max(self.clock, self.busy_until)
         if now <= start:
             return
-        limit = self.active[0][0] - self.count
-        k = min(self.steps_within(now - start), limit)
-        while k < limit and self.steps_time(k + 1) <= (now - start) + 1e-9:  # float rounding
+        limit = self._first_finish() - self.count
+        beta, b = self.cost.beta(self._computed()), self.batch
+        k = min(self._steps_within(now - start, beta, b), limit)
+        while k < limit and self._steps_time(k + 1, beta, b) <= (now - start) + 1e-9:  # float rounding
             k += 1
         if k <= 0:
             return
-        end = start + self.steps_time(k)
+        end = start + self._steps_time(k, beta, b)
         self._decode_segment(start, end, k)
         self.count += k
         self.context += k * self.batch
@@ -94,7 +106,7 @@ class GenInstance:
         finished members are padding; of the rest, what the active sequences' tokens would cost at
         the saturated batch is useful and the remainder is tail (a batch below saturation). An engine
         that skips finished members (a calibrated CPU engine) pays no padding for them."""
-        active, total = len(self.active), end - start
+        active, total = self.active, end - start
         padding = total * (self._computed() - active) / self.batch
         useful = min(total - padding, self.roofline_seconds(k, active, self.context * active / self.batch))
         tail = total - padding - useful
@@ -115,25 +127,27 @@ class GenInstance:
         if not self.active:
             return None
         start = max(self.clock, self.busy_until)
-        return start + self.steps_time(self.active[0][0] - self.count)
+        return start + self.steps_time(self._first_finish() - self.count)
 
     def pop_finished(self, now: float) -> list[tuple]:
         """Samples whose last turn ended; turns that end in a tool call go to `calls`."""
         self.advance(now)
         done = []
-        while self.active and self.active[0][0] <= self.count:
-            _, sample = heapq.heappop(self.active)
-            if self._observations.get(sample):  # a tool call follows this turn
-                self._wait(sample)
-            else:
-                self._turns.pop(sample, None)
-                self._observations.pop(sample, None)
-                done.append(sample)
+        while self._counts and self._counts[0] <= self.count:
+            ended = sorted(self._ending.pop(heapq.heappop(self._counts)))  # in sample order, as a heap pops them
+            self.active -= len(ended)
+            for sample in ended:
+                if self._observations.get(sample):  # a tool call follows this turn
+                    self._wait(sample)
+                else:
+                    self._turns.pop(sample, None)
+                    self._observations.pop(sample, None)
+                    done.append(sample)
         if self.static:
             self.ghosts += len(done)
             self._end_static_batch()
         else:
-            self.context -= sum(self._lengths.pop(s) for s in done)
+            self.context -= sum([self._lengths.pop(s) for s in done])
         self.generation += 1
         return done
 
@@ -170,7 +184,7 @@ class GenInstance:
         the stall (a prefill, a weight load) under way, or at once when idle."""
         self.advance(now)
         start = max(self.clock, self.busy_until)
-        if self.active and now > start and self.active[0][0] > self.count:
+        if self.active and now > start and self._first_finish() > self.count:
             return start + self.steps_time(1)
         return max(now, start)
 
@@ -217,7 +231,14 @@ class GenInstance:
         return self.tool_held + ([(self._held_since, until)] if self._held_since is not None else [])
 
     def _push(self, sample: tuple, context: int, turn: int) -> None:
-        heapq.heappush(self.active, (self.count + turn, sample))
+        finish = self.count + turn
+        ending = self._ending.get(finish)
+        if ending is None:
+            self._ending[finish] = [sample]
+            heapq.heappush(self._counts, finish)
+        else:
+            ending.append(sample)
+        self.active += 1
         self._lengths[sample] = context + turn
         self.context += context
         self.generation += 1
@@ -226,7 +247,7 @@ class GenInstance:
         """A decode step under way when new work arrives completes first (an engine admits new
         requests and loads weights between steps, never inside one)."""
         start = max(self.clock, self.busy_until)
-        if self.active and now > start and self.active[0][0] > self.count:
+        if self.active and now > start and self._first_finish() > self.count:
             end = start + self.steps_time(1)
             self._decode_segment(start, end, 1)
             self.count += 1
@@ -249,8 +270,13 @@ class GenInstance:
         prompt_tokens = sum(r.prompt_len for r in requests)
         self.busy_until = start + self.cost.prefill(prompt_tokens, len(requests))
         self.segments.append((start, self.busy_until, "useful"))
+        if episode is None:  # one turn each
+            for r in requests:
+                self._push(r.sample, r.prompt_len, response_len(r.sample))
+            self.generation += 1
+            return
         for r in requests:
-            turns, observations = episode(r.sample) if episode else ((response_len(r.sample),), ())
+            turns, observations = episode(r.sample)
             if observations:
                 self._turns[r.sample] = deque(turns[1:])
                 self._observations[r.sample] = deque(observations)

@@ -47,6 +47,7 @@ class RooflinePricing:
         self.weight_bytes = model.arch.total_params() * dtype_bytes(model.dtype)
         self._packed: dict[tuple, list] = {}
         self._lengths = {}
+        self._generation_costs: dict[str, GenerationCost] = {}  # per stage: its instances share the memos
 
     def _mean_observations(self, samples) -> float:
         """Agentic episodes: a sequence's KV and the learner's sequence hold its tool results too."""
@@ -70,12 +71,17 @@ class RooflinePricing:
             capacity = default_slots(self.data.samples_per_step, len(stage.instances), self.data.group,
                                      max_num_seqs, stage.parallel.dp)
         else:
-            model = self.plan.model(stage.model)
-            hw = hardware_of(self.plan, stage)
-            cost = GenerationCost(model.arch, hw, stage.parallel, dtype_bytes(model.dtype),
-                                  options.get("graph_mode", True))
+            cost = self._generation_cost(stage)
             capacity = cost.capacity(self.mean_tokens, options.get("gpu_memory_utilization"), max_num_seqs)
         return GenInstance(instance.index, cost, capacity, static, instance.device_count)
+
+    def _generation_cost(self, stage: StagePlan) -> GenerationCost:
+        if stage.name not in self._generation_costs:
+            model = self.plan.model(stage.model)
+            self._generation_costs[stage.name] = GenerationCost(
+                model.arch, hardware_of(self.plan, stage), stage.parallel, dtype_bytes(model.dtype),
+                dict(stage.options).get("graph_mode", True))
+        return self._generation_costs[stage.name]
 
     def load(self, devices: int, interrupt: bool) -> float:
         """A generation instance loads a published version (an interrupted batch re-prefills on top):

@@ -24,7 +24,7 @@ from aspc.controller.events import (Action, Checkpoint, Dispatch, Finished, Inst
                                     RunTool, RunWork, SampleFinished, Start, SwitchPool, SyncWeights, ToolCalled,
                                     ToolReturned, WeightsLoaded, WeightsPublished, Work, WorkFinished)
 from aspc.controller.episodes import EpisodePolicy
-from aspc.costmodel.workload import Environment, draw_episode, draw_rewards, sample_step
+from aspc.costmodel.workload import Environment, draw_episode, draw_rewards, step_lengths
 from aspc.drivers.sim.episodes import EpisodePlan, plan_episode
 from aspc.plan.execution_plan import ExecutionPlan, Instance, StagePlan
 
@@ -70,16 +70,15 @@ class Simulation:
         self.gen_stage = plan.stages_of("generate")[0]
         self.train_stage = plan.stages_of("train")[0]
         self.data = plan.dataset(self.gen_stage.data)
-        self._steps_cache: dict[int, list] = {}
+        self._lengths: dict[int, tuple[list[int], list[int]]] = {}  # step -> step_lengths(...)
         self._rewards: dict[tuple[int, int], list[float]] = {}
-        self.controller = Controller(self.config, lambda step, prompt: self._sample(step, prompt, 0).prompt_len)
+        self.controller = Controller(self.config, self.prompt_len)
         self.now = 0.0
         self.heap: list = []
         self.seq = itertools.count()
         self.ledger = Ledger()
         self.pending: deque = deque()
         self.draining = False
-        self.finished_at: dict[int, float] = {}
         self.held: list[tuple[float, int]] = [(0.0, 0)]
         self.instances = [pricing.generation_instance(self.gen_stage, i) for i in self.gen_stage.instances]
         self.gen_capacity = self.instances[0].capacity
@@ -99,13 +98,20 @@ class Simulation:
         self.endings: dict[str, int] = {}
 
     # ---- the workload ----
-    def _sample(self, step: int, prompt: int, index: int):
-        samples = self._steps_cache.get(step) or self._step_samples(step)
-        return samples[prompt * self.data.group + index]
+    def _step(self, step: int) -> tuple[list[int], list[int]]:
+        """(prompt lengths, response lengths) of the step's samples, drawn once."""
+        lengths = self._lengths.get(step)
+        if lengths is None:
+            lengths = self._lengths[step] = step_lengths(self.data, step, prompts_drawn=self.config.prompt_stride)
+        return lengths
 
-    def _step_samples(self, step: int) -> list:
-        samples = self._steps_cache[step] = sample_step(self.data, step, prompts_drawn=self.config.prompt_stride)
-        return samples
+    def prompt_len(self, step: int, prompt: int) -> int:
+        return self._step(step)[0][prompt]
+
+    def response_len(self, sample) -> int:
+        """The response length drawn for the sample (an episode's first turn is drawn from it)."""
+        step, prompt, index = sample
+        return self._step(step)[1][prompt * self.data.group + index]
 
     def rewards(self, work: Work) -> tuple[float, ...] | None:
         """A reward work's scores when the plan filters groups (dynamic sampling), drawn from the
@@ -121,22 +127,37 @@ class Simulation:
         """The model tokens the sample generates (over all its turns)."""
         if self.env:
             return self.episode(sample).model_tokens
-        step, prompt, index = sample
-        samples = self._steps_cache.get(step) or self._step_samples(step)
-        return samples[prompt * self.data.group + index].response_len
+        return self.response_len(sample)
 
     def tokens(self, sample) -> int:
         """The sample's whole sequence as the learner reads it: prompt, turns and tool results."""
-        s = self._sample(*sample)
+        prompt_len = self.prompt_len(*sample[:2])
         if self.env is None:
-            return s.tokens
+            return prompt_len + self.response_len(sample)
         episode = self.episode(sample)
-        return s.prompt_len + episode.model_tokens + episode.observation_tokens
+        return prompt_len + episode.model_tokens + episode.observation_tokens
+
+    def group_model_tokens(self, step: int, prompt: int) -> int:
+        """`_truth` summed over the prompt's group."""
+        group = self.data.group
+        if self.env is not None:
+            return sum(self._truth((step, prompt, g)) for g in range(group))
+        return sum(self._step(step)[1][prompt * group:(prompt + 1) * group])
+
+    def _tokens_of(self, samples) -> list[int]:
+        """`tokens` of each sample (a learner work reads thousands)."""
+        if self.env is not None:
+            return [self.tokens(s) for s in samples]
+        group, out = self.data.group, []
+        for step, prompt, index in samples:
+            prompts, responses = self._step(step)
+            out.append(prompts[prompt] + responses[prompt * group + index])
+        return out
 
     def episode(self, sample) -> EpisodePlan:
         if sample not in self._episodes:
             step, prompt, index = sample
-            draw = draw_episode(self.env, self.data, step, prompt, index, self._sample(*sample).response_len)
+            draw = draw_episode(self.env, self.data, step, prompt, index, self.response_len(sample))
             self._episodes[sample] = plan_episode(self.env, self.policy, draw)
         return self._episodes[sample]
 
@@ -214,7 +235,7 @@ class Simulation:
 
     def _dispatch(self, a: Dispatch) -> None:
         inst = self.instances[a.instance]
-        inst.admit(self.now, list(a.requests), self._truth, self._turns if self.env else None)
+        inst.admit(self.now, list(a.requests), self.response_len, self._turns if self.env else None)
         if inst.static:
             self.feed(InstanceIdle(a.instance, 0))
         self._schedule_instance(inst)
@@ -225,7 +246,7 @@ class Simulation:
             return
         ex = self.executors[a.executor]
         stage = _widened(self.plan.stage(a.work.stage), ex.lent)
-        lengths = [self.tokens(s) for s in a.work.samples]
+        lengths = self._tokens_of(a.work.samples)
         wc = self.pricing.work(a.work, stage, lengths)
         label = f"{a.work.kind} step {a.work.step} ({len(a.work.samples)} samples)"
         self._occupy(ex, wc.seconds, None, label, WorkFinished(a.work.id, self.rewards(a.work)))
@@ -274,11 +295,12 @@ class Simulation:
             self.progress(self.controller.version)
 
     def _finish(self, index: int, sample) -> None:
-        turns = len(self.episode(sample).turns) if self.env else 1
-        self.feed(SampleFinished(sample, index, self._truth(sample), turns))
-        self.finished_at[len(self.finished_at)] = self.now
+        if self.env is None:
+            self.feed(SampleFinished(sample, index, self.response_len(sample), 1))
+            return
+        self.feed(SampleFinished(sample, index, self._truth(sample), len(self.episode(sample).turns)))
         self._calls_done.pop(sample, None)
-        if self.env is not None and sample[0] < self.steps:  # what the report counts: the steps trained
+        if sample[0] < self.steps:  # what the report counts: the steps trained
             ended = self.episode(sample).ended
             self.endings[ended] = self.endings.get(ended, 0) + 1
 

@@ -73,27 +73,28 @@ def collect(sim: Simulation) -> SimResult:
     _account_learners(sim, wall)
     pools = _pool_busy(sim, wall)
     bubbles = sim.ledger.close(devices * wall)
-    keys = [(step, p, g) for step in range(sim.steps)
-            for p in sim.controller.trained_prompts(step) for g in range(sim.data.group)]
-    prompts = sum(sim._sample(*k).prompt_len for k in keys) / len(keys)
-    responses = sum(sim._truth(k) for k in keys) / len(keys)  # model tokens only (not tool results)
+    trained = [(step, p) for step in range(sim.steps) for p in sim.controller.trained_prompts(step)]
+    count = len(trained) * sim.data.group
+    prompts = sum(sim.prompt_len(step, p) for step, p in trained) * sim.data.group / count
+    used = sum(sim.group_model_tokens(step, p) for step, p in trained)  # not tool results
+    responses = used / count
     result = SimResult(sim.plan.pipeline, sim.plan.schedule, sim.steps, devices, wall,
                        sim.data.samples_per_step, prompts, responses, bubbles,
                        dict(sorted(sim.controller.staleness.items())), sim.ledger.spans, pools,
-                       sim.tool_calls, dict(sorted(sim.endings.items())), *_dynamic_sampling(sim, keys))
+                       sim.tool_calls, dict(sorted(sim.endings.items())), *_dynamic_sampling(sim, used))
     result.moves = tuple(sim.moves)
     return result
 
 
-def _dynamic_sampling(sim: Simulation, trained: list) -> tuple[float, float, int]:
-    """(prompts generated per prompt trained, share of generated tokens never trained, groups padded)."""
+def _dynamic_sampling(sim: Simulation, used: int) -> tuple[float, float, int]:
+    """(prompts generated per prompt trained, share of generated tokens never trained, groups padded);
+    `used`: the model tokens of the samples trained."""
     groups = sim.controller.filter
     if groups is None:
         return 0.0, 0.0, 0
     steps = [groups.steps[s] for s in range(sim.steps) if s in groups.steps]
     history = sim.controller.gen.history
     generated = sum(sum(lengths) for (step, _), lengths in history.items() if step < sim.steps)
-    used = sum(sim._truth(k) for k in trained)
     return (sum(s.generated for s in steps) / (len(steps) * sim.data.prompts_per_step),
             1 - used / generated if generated else 0.0, sum(len(s.padded) for s in steps))
 
@@ -141,8 +142,7 @@ def _account_instances(sim: Simulation, wall: float) -> None:
     busy = {i.index: merge([(a, min(b, wall)) for a, b, _ in i.segments]) for i in sim.instances}
     for inst in sim.instances:
         track = f"{sim.gen_stage.name}[{inst.index}]"
-        for start, end, category in inst.segments:
-            sim.ledger.span(track, start, min(end, wall), category, category, inst.devices)
+        sim.ledger.segments(track, inst.segments, wall, inst.devices)
         peers = merge([iv for j, ivs in busy.items() if j != inst.index for iv in ivs])
         held = merge([(a, min(b, wall)) for a, b in inst.held_intervals(wall)])
         lent = merge([(a, min(b, wall)) for a, b in sim.lent_spans.get(inst.index, [])])  # the trainer books them
