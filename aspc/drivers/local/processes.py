@@ -88,12 +88,21 @@ class ChildProcess:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         child.close()
-        _send(self.conn, server)
         self.lock = threading.Lock()  # one request at a time, whichever thread asks
+        # Sent with the first call, not here: the write blocks until the child, still importing
+        # torch, reads it, and the next child must not wait for that to start its own import.
+        self.server: bytes | None = pickle.dumps(server, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def _hand_over(self) -> None:
+        """The server object, once, before the first request (under the lock)."""
+        if self.server is not None:
+            self.conn.send_bytes(self.server)
+            self.server = None
 
     def call(self, method: str, *args):
         try:
             with self.lock:
+                self._hand_over()
                 _send(self.conn, (method, args))
                 kind, value = _receive(self.conn)
         except (EOFError, OSError):
@@ -110,6 +119,8 @@ class ChildProcess:
         """Ask the process to end (it ends at once when its pipe closes too); `join` waits for it."""
         try:
             with self.lock:
+                if self.server is not None:  # never given its server: closing the pipe ends it
+                    raise OSError("the child has no server")
                 _send(self.conn, ("stop", ()))
         except OSError:
             pass

@@ -108,7 +108,7 @@ class LocalRuntime:
                                                      self.events, self.clock, self.calls))
         self.tool_workers = [ToolWorker(k, self.executors.tools(), self.calls, self.tool_results, self.lock,
                                         self.events, self.clock) for k in range(self.config.tool_workers)]
-        if self.options.workers == "processes":
+        if self.options.workers == "processes" and not self.complete:  # complete: nothing will run in them
             self._start_processes()
         self.slots = self.gen_workers[0].generator.slots
         self.controller = Controller(self.config, lambda step, p: len(self._prompt(step, p).ids),
