@@ -14,6 +14,7 @@ from aspc.frontend.diagnostics import AsplError, render_all
 from aspc.ir.dot import to_dot
 from aspc.frontend.formatter import format_program
 from aspc.cli.inspect import inspect_report, write_schedule_graph
+from aspc.cli.output import write_output
 from aspc.cli.tune import tune_command
 from aspc.cli.doctor import doctor_command
 from aspc.cli.report import report as report_command
@@ -126,7 +127,7 @@ def compile_command(file, emit, backend, emit_after, verify, output, overrides, 
     except AsplError as error:
         click.echo(render_all(error.diagnostics, {"<-p>": pipeline or ""}), err=True)
         sys.exit(1)
-    _write(text, output)
+    write_output(text, output)
 
 
 @main.command()
@@ -588,14 +589,6 @@ def _warn(warnings, sources) -> None:
         click.echo(render_all(warnings, sources), err=True)
 
 
-def _write(text: str, output: str | None) -> None:
-    if output is None:
-        click.echo(text, nl=False)
-        return
-    try:
-        Path(output).write_text(text, encoding="utf-8")
-    except OSError as error:
-        raise click.ClickException(f"cannot write {output}: {error.strerror}") from None
 
 
 def _sources(file: str, overrides: tuple[str, ...]) -> dict[str, str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from aspc.cli.output import write_output
 from aspc.frontend import ast
 from aspc.frontend.compiler import Compilation, compile_file, compile_source
 from aspc.frontend.diagnostics import AsplError, render_all
@@ -171,15 +172,9 @@ def tune_command(file, output, schedule, confirm, steps, max_staleness, override
     kind = schedule or compilation.graph.schedule.kind
     tuning = _tune(file, compilation, kind, confirm, steps, _staleness_values(compilation, kind, max_staleness))
     click.echo(report(tuning), err=True, nl=False)
-    text = tuning.best.text
-    if output is None:
-        click.echo(text, nl=False)
-        return
-    try:
-        Path(output).write_text(text, encoding="utf-8")
-    except OSError as error:
-        raise click.ClickException(f"cannot write {output}: {error.strerror}") from None
-    click.echo(f"wrote {output}", err=True)
+    write_output(tuning.best.text, output)
+    if output is not None:
+        click.echo(f"wrote {output}", err=True)
 
 
 def _staleness_values(compilation: Compilation, kind: str, bound: int | None) -> tuple[int, ...] | None:
