@@ -155,3 +155,17 @@ def test_staleness_two_is_not_slower_than_one(name):
     moves by under 1% either way (docs/simulator.md, "Staleness and the long tail")."""
     one, two = (run(name, steps=4, overrides=[f"schedule.staleness={k}"]) for k in (1, 2))
     assert two.step_time <= one.step_time * 1.015
+
+
+def test_a_runs_bubble_shares_over_a_window_count_only_that_window():
+    from aspc.accounting.measured import bubble_shares
+
+    span = lambda track, a, b, cat="useful": SimpleNamespace(track=track, start=a, end=b, category=cat)  # noqa: E731
+    spans = [span("gen0", 0.0, 4.0), span("gen1", 0.0, 2.0), span("learner", 4.0, 6.0), span("gen0", 6.0, 8.0)]
+    whole = bubble_shares(spans, 8.0)
+    assert sum(whole.values()) == pytest.approx(1.0)
+    late = bubble_shares(spans, 8.0, start=4.0)  # 3 workers x 4 s; gen1 idles throughout, gen0 and the learner half
+    assert late["useful"] == pytest.approx(4.0 / 12.0)  # the learner 4-6, gen0 6-8
+    assert late["skewness"] == pytest.approx(2.0 / 12.0)  # gen1 while gen0 decodes (6-8)
+    assert late["sorting"] == pytest.approx(6.0 / 12.0)  # both instances while the learner trains; it while gen0 works
+    assert sum(late.values()) == pytest.approx(1.0)

@@ -43,6 +43,8 @@ def test_asp_with_staleness_zero_trains_identically_to_sync(workers):
     for a, s in zip(asp.metrics, sync.metrics):
         assert a["loss"] == pytest.approx(s["loss"], abs=1e-5)
         assert a["staleness_mean"] == s["staleness_mean"] == 0.0
+    for row in asp.metrics + sync.metrics:  # each row: the workers' time since the previous row, by category
+        assert sum(row["bubbles"].values()) == pytest.approx(1.0, abs=1e-3) and row["bubbles"]["useful"] > 0
 
 
 @pytest.fixture(scope="module")

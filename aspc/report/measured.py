@@ -60,7 +60,7 @@ def _bubble_chart(steps: list[dict]) -> str:
                 series.setdefault(category, []).append((row["step"], share))
     if not series:
         return ('<div class="chart empty">bubble shares over steps: this metrics file has none per step '
-                "(aspc run prints the whole run's shares at its end)</div>")
+                "(aspc run writes each row's \"bubbles\"; this file has none: an older run?)</div>")
     points = [p for line in series.values() for p in line]
     return _frame("bubble shares", points, [(COLORS[c], line) for c, line in series.items()])
 

@@ -3,11 +3,9 @@ from __future__ import annotations
 
 from html import escape
 
-from aspc.accounting.bubbles import CATEGORIES
+from aspc.accounting.bubbles import CATEGORIES, COLORS
 from aspc.report.model import Result
 
-COLORS = {"useful": "#2e7d32", "padding": "#f9a825", "tail": "#ff8a65", "skewness": "#c62828", "sorting": "#6a1b9a",
-          "sync": "#1565c0", "idle": "#bdbdbd", "tool_wait": "#ef6c00", "tool": "#8d6e63"}
 BASES = ("sync", "sync@colocated", "sync-naive")
 
 

@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import assert_never
 
+from aspc.accounting.measured import bubble_shares
 from aspc.controller import Controller, ControllerConfig
 from aspc.controller.events import (Action, Checkpoint, Dispatch, Finished, InstanceIdle, MoveInstance, OptimizerStep,
                                     PublishWeights, RestartInstance, ResumeEpisode, RunTool, RunWork, Start,
@@ -327,6 +328,8 @@ class LocalRuntime:
         previous = self.result.metrics[-1]["wall_s"] if self.result.metrics else 0.0
         tokens = metrics.get("samples", 0) * metrics.get("response_len", 0)
         metrics["tokens_per_s"] = round(tokens / max(wall - previous, 1e-9), 1)
+        shares = bubble_shares(self.spans(), wall, start=previous)  # the workers' time since the last row
+        metrics["bubbles"] = {c: round(v, 4) for c, v in shares.items() if v}
         with interrupts_held():  # a Ctrl-C cannot fall between the row and `recorded`
             self.metrics_file.append(metrics)
             self.recorded = step + 1

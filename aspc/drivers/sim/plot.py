@@ -6,12 +6,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from aspc.accounting.bubbles import gaps
+from aspc.accounting.bubbles import COLORS, gaps
 from aspc.accounting.ledger import CATEGORIES
 from aspc.accounting.trace import coalesce
 
-COLORS = {"useful": "#2e7d32", "padding": "#f9a825", "tail": "#ff8a65", "skewness": "#c62828", "sorting": "#6a1b9a",
-          "sync": "#1565c0", "idle": "#bdbdbd", "tool_wait": "#ef6c00", "tool": "#8d6e63"}
 NO_WORK = "no work recorded"  # idle devices, or a time-shared pool serving its other role
 LABELLED = 0.06  # a gap or bubble at least this share of the axis is named on the picture
 
