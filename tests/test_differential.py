@@ -180,6 +180,6 @@ def test_a_reward_model_on_its_own_pool_scores_groups_while_generation_goes_on(t
     scorings = [(t, a.work) for t, _, actions in recorded for a in actions
                 if type(a).__name__ == "RunWork" and a.work.kind == "reward"]
     assert scorings and all(len(work.samples) == group for _, work in scorings)
-    finishes = [t for t, event, _ in recorded if type(event).__name__ == "SampleFinished"]
+    finishes = [t for t, event, _ in recorded if type(event).__name__ == "SamplesFinished"]
     overlapped = [t for t, _ in scorings if any(f > t for f in finishes if f < t + 10)]
     assert len(overlapped) > len(scorings) // 2  # most scorings start while samples still finish

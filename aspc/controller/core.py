@@ -9,8 +9,8 @@ from aspc.controller.devices import DeviceWork, Item
 from aspc.controller.dynamic_sampling import GroupFilter
 from aspc.controller.events import (Checkpoint, Finished, InstanceFailed, InstanceIdle, InstanceMoved,
                                     InstanceRecovered, OptimizerDone, PoolSwitched, RestartInstance, ResumeEpisode,
-                                    RunWork, SampleFinished, Start, SwitchPool, SyncWeights, ToolCalled, ToolReturned,
-                                    WeightsLoaded, WeightsPublished, WorkFinished)
+                                    RunWork, SampleFinished, SamplesFinished, Start, SwitchPool, SyncWeights,
+                                    ToolCalled, ToolReturned, WeightsLoaded, WeightsPublished, WorkFinished)
 from aspc.controller.generation import Generation
 from aspc.controller.learner import Learner
 from aspc.controller.rebalance import Rebalancer
@@ -48,12 +48,14 @@ class Controller:
         self.moving: set[int] = set()  # instances whose move the trainer's executor carries out
 
     def handle(self, event) -> list:
+        if isinstance(event, SampleFinished):
+            event = SamplesFinished(event.instance, (event,))
         if self.rebalancer is not None:
             self._observe(event)
         handler = getattr(self, "_on_" + type(event).__name__)
         actions = handler(event)
-        # a finished sample frees capacity on its own instance only; anything else may change more
-        only = event.instance if isinstance(event, SampleFinished) else None
+        # finished samples free capacity on their own instance only; anything else may change more
+        only = event.instance if isinstance(event, SamplesFinished) else None
         return actions + self._pump(only)
 
     # -- events --
@@ -63,6 +65,14 @@ class Controller:
     def _on_InstanceIdle(self, event: InstanceIdle) -> list:
         self.gen.instances[event.instance].capacity = event.capacity
         return []
+
+    def _on_SamplesFinished(self, event: SamplesFinished) -> list:
+        actions = []
+        for finished in event.finished:
+            if self.rebalancer is not None:
+                self._observe_finish(finished)
+            actions += self._on_SampleFinished(finished)
+        return actions
 
     def _on_SampleFinished(self, event: SampleFinished) -> list:
         if not self.gen.finish(event.sample, event.instance, event.response_len, event.turns):
@@ -261,14 +271,17 @@ class Controller:
 
     def _observe(self, event) -> None:
         """What the rebalancer measures, in the state before the event."""
-        if isinstance(event, SampleFinished) and self.gen.inflight.get(event.sample) == event.instance:
-            self.rebalancer.sample_finished(event.instance, event.sample, event.response_len, self._learner_idle())
-        elif isinstance(event, WorkFinished) and self.devices.where.get(event.work) == self.devices.trainer:
+        if isinstance(event, WorkFinished) and self.devices.where.get(event.work) == self.devices.trainer:
             work = self.learner.work[event.work]
             passes = len(work.samples) * (TRAIN_PASSES if work.kind == "train" else 1)
             self.rebalancer.trainer_progress(passes, self._gate_idle())
         elif isinstance(event, InstanceMoved):
             self.rebalancer.new_layout()
+
+    def _observe_finish(self, event: SampleFinished) -> None:
+        """A finished sample as the rebalancer measures it, in the state before it is handled."""
+        if self.gen.inflight.get(event.sample) == event.instance:
+            self.rebalancer.sample_finished(event.instance, event.sample, event.response_len, self._learner_idle())
 
     def _move(self, instance: int, role: str) -> None:
         self.moving.add(instance)

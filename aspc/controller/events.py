@@ -36,6 +36,16 @@ class SampleFinished:
 
 
 @dataclass(frozen=True)
+class SamplesFinished:
+    """What one instance finished at one instant (one decode step), in the order it finished them:
+    the controller handles them one after another and dispatches once (a driver reports a decode
+    step's finishes together; a lone SampleFinished is handled as a batch of one)."""
+
+    instance: int
+    finished: tuple[SampleFinished, ...]
+
+
+@dataclass(frozen=True)
 class ToolCalled:
     """An episode's turn ended in a valid tool call: it leaves the decoding batch and waits on
     `instance`, which keeps its KV cache (sticky). `context`: tokens of its sequence so far (what
@@ -210,7 +220,8 @@ class Finished:
 
 # The closed unions: a driver handles every member with `match` and `assert_never`, so a new event
 # or action breaks the type check where it is not handled instead of being dropped.
-Event = (Start | InstanceIdle | SampleFinished | ToolCalled | ToolReturned | WorkFinished | OptimizerDone
-         | WeightsPublished | WeightsLoaded | PoolSwitched | InstanceFailed | InstanceRecovered | InstanceMoved)
+Event = (Start | InstanceIdle | SampleFinished | SamplesFinished | ToolCalled | ToolReturned | WorkFinished
+         | OptimizerDone | WeightsPublished | WeightsLoaded | PoolSwitched | InstanceFailed | InstanceRecovered
+         | InstanceMoved)
 Action = (Dispatch | RunTool | ResumeEpisode | RunWork | OptimizerStep | PublishWeights | SyncWeights | SwitchPool
           | MoveInstance | RestartInstance | Checkpoint | Finished)

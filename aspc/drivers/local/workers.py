@@ -10,8 +10,8 @@ import traceback
 
 from aspc.accounting.trace import Span
 from aspc.controller.events import (InstanceFailed, InstanceMoved, InstanceRecovered, OptimizerDone, PoolSwitched,
-                                    SampleFinished, ToolCalled, ToolReturned, WeightsLoaded, WeightsPublished,
-                                    WorkFinished)
+                                    SampleFinished, SamplesFinished, ToolCalled, ToolReturned, WeightsLoaded,
+                                    WeightsPublished, WorkFinished)
 
 
 class WorkerFailed(Exception):
@@ -91,12 +91,15 @@ class GenerationWorker(Worker):
 
     def _report(self, finished) -> None:
         """Finished samples first, then the turns that ended in a tool call (the simulator's order)."""
+        reports = []
         for f in finished:
             with self.lock:
                 self.results[f.key] = f
             mask, episode = getattr(f, "mask", None), getattr(f, "episode", None)
             model_tokens = sum(mask) if mask else len(f.response)
-            self.events.put(SampleFinished(f.key, self.index, model_tokens, episode["turns"] if episode else 1))
+            reports.append(SampleFinished(f.key, self.index, model_tokens, episode["turns"] if episode else 1))
+        if reports:  # one event per decode step, as the simulator reports an instant's finishes
+            self.events.put(SamplesFinished(self.index, tuple(reports)))
         for c in self.generator.pop_calls() if hasattr(self.generator, "pop_calls") else ():
             with self.lock:
                 self.calls[c.key] = c.call

@@ -19,10 +19,10 @@ from aspc.accounting.ledger import Ledger, Span
 from aspc.controller import Controller, ControllerConfig
 from aspc.controller.config import ExecutorSpec
 from aspc.controller.events import (Action, Checkpoint, Dispatch, Finished, InstanceIdle, InstanceMoved, MoveInstance,
-                                    OptimizerDone,
-                                    OptimizerStep, PoolSwitched, PublishWeights, RestartInstance, ResumeEpisode,
-                                    RunTool, RunWork, SampleFinished, Start, SwitchPool, SyncWeights, ToolCalled,
-                                    ToolReturned, WeightsLoaded, WeightsPublished, Work, WorkFinished)
+                                    OptimizerDone, OptimizerStep, PoolSwitched, PublishWeights, RestartInstance,
+                                    ResumeEpisode, RunTool, RunWork, SampleFinished, SamplesFinished, Start, SwitchPool,
+                                    SyncWeights, ToolCalled, ToolReturned, WeightsLoaded, WeightsPublished, Work,
+                                    WorkFinished)
 from aspc.controller.episodes import EpisodePolicy
 from aspc.costmodel.workload import Environment, draw_episode, draw_rewards, step_lengths
 from aspc.drivers.sim.episodes import EpisodePlan, plan_episode
@@ -284,8 +284,9 @@ class Simulation:
         inst = self.instances[index]
         if generation != inst.generation:
             return
-        for sample in inst.pop_finished(self.now):
-            self._finish(index, sample)
+        finished = inst.pop_finished(self.now)
+        if finished:
+            self._finish(index, finished)
         for sample in inst.pop_calls():
             self._call_tool(index, sample)
         if inst.static and not inst.live:
@@ -294,15 +295,20 @@ class Simulation:
         if self.progress is not None:
             self.progress(self.controller.version)
 
-    def _finish(self, index: int, sample) -> None:
+    def _finish(self, index: int, samples) -> None:
+        """The samples the instance finished at this instant, reported together (as the local
+        driver's generation worker reports one decode step's)."""
         if self.env is None:
-            self.feed(SampleFinished(sample, index, self.response_len(sample), 1))
+            length = self.response_len
+            self.feed(SamplesFinished(index, tuple(SampleFinished(s, index, length(s), 1) for s in samples)))
             return
-        self.feed(SampleFinished(sample, index, self._truth(sample), len(self.episode(sample).turns)))
-        self._calls_done.pop(sample, None)
-        if sample[0] < self.steps:  # what the report counts: the steps trained
-            ended = self.episode(sample).ended
-            self.endings[ended] = self.endings.get(ended, 0) + 1
+        self.feed(SamplesFinished(index, tuple(SampleFinished(s, index, self._truth(s), len(self.episode(s).turns))
+                                               for s in samples)))
+        for sample in samples:
+            self._calls_done.pop(sample, None)
+            if sample[0] < self.steps:  # what the report counts: the steps trained
+                ended = self.episode(sample).ended
+                self.endings[ended] = self.endings.get(ended, 0) + 1
 
     # ---- tool calls (agentic episodes) ----
     def _call_tool(self, index: int, sample) -> None:
@@ -345,7 +351,7 @@ class Simulation:
         self._at_instance(a.home, home.generation)  # what the step just ended finished reports first
         if self._ends_on_call(a.sample):
             home.end_on_tool(self.now, a.sample)
-            self._finish(a.home, a.sample)
+            self._finish(a.home, [a.sample])
             if home.static and not home.live:
                 self.feed(InstanceIdle(a.home, home.capacity))
         else:
