@@ -20,7 +20,7 @@ import networkx as nx
 from aspc.ir.graph import MicroBatchShape, Stage, StageGraph, StageKind
 from aspc.costmodel.workload import sample_step
 from aspc.passes.base import Pass, PassError
-from aspc.algorithms.packing import choose_buckets, micro_batches, padding_report
+from aspc.algorithms.packing import bucket_for, choose_buckets, micro_batches
 
 PACKED = (StageKind.TRAIN, StageKind.REFERENCE, StageKind.CRITIC)
 SAMPLED_SEQUENCES = 2048  # at least this many sampled sequences (whole steps, at most 4) choose buckets
@@ -56,9 +56,8 @@ class Pack(Pass):
         fills = [sum(mb) for step in lengths for rank in micro_batches(step, tokens, ranks) for mb in rank]
         buckets = choose_buckets(fills, self.buckets, tokens, self.align) if self.buckets else ()
         fraction = None
-        if buckets:
-            report = padding_report([x for step in lengths for x in step], tokens, longest, buckets, ranks)
-            fraction = round(report.packed_buckets, 4)
+        if buckets:  # the padding of these very micro-batches, each padded to its bucket
+            fraction = round(1 - sum(fills) / sum(bucket_for(f, buckets) for f in fills), 4)
         shape = MicroBatchShape(tokens, tuple(buckets), "karmarkar_karp", "buckets" if buckets else "none", fraction)
         return stage.with_results(micro_batching=shape)
 

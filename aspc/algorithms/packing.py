@@ -9,53 +9,39 @@ from dataclasses import dataclass
 
 def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     """Bin packing: indices of `lengths` grouped into bins of total <= capacity, longest first,
-    each into the first bin with room (a max-segment tree finds it in O(log bins))."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    tree = _RoomTree(len(lengths))
+    each into the first bin with room. A max-segment tree over the bins' free room finds that bin
+    in O(log bins); it is sized for the most bins first fit can open (any two of its bins hold more
+    than `capacity` together, so fewer than 2 x total / capacity + 1). Loops inlined: the
+    simulator packs every learner work of every step with it."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)  # stable: ties by index
+    if order and lengths[order[0]] > capacity:
+        raise ValueError(f"item of length {lengths[order[0]]} exceeds the capacity {capacity}")
+    most = min(len(lengths), 2 * sum(lengths) // max(capacity, 1) + 1)
+    size = 1
+    while size < max(1, most):
+        size *= 2
+    best = [-1] * (2 * size)  # best[j]: the most room of any bin under node j (leaves: size + bin)
     bins: list[list[int]] = []
     for i in order:
-        if lengths[i] > capacity:
-            raise ValueError(f"item of length {lengths[i]} exceeds the capacity {capacity}")
-        slot = tree.first_with_room(lengths[i])
-        if slot is None:
-            slot = len(bins)
-            bins.append([])
-            tree.set(slot, capacity)
-        bins[slot].append(i)
-        tree.set(slot, tree.room(slot) - lengths[i])
-    return bins
-
-
-class _RoomTree:
-    """Free room per bin in a max-segment tree: the first bin with room >= x in O(log n)."""
-
-    def __init__(self, n: int):
-        self.size = 1
-        while self.size < max(1, n):
-            self.size *= 2
-        self.best = [-1] * (2 * self.size)
-
-    def room(self, slot: int) -> int:
-        return self.best[self.size + slot]
-
-    def set(self, slot: int, room: int) -> None:
-        best, i = self.best, self.size + slot
-        best[i] = room
-        while i > 1:  # up to the first ancestor whose maximum does not change
-            i //= 2
-            left, right = best[2 * i], best[2 * i + 1]
+        need = lengths[i]
+        if best[1] >= need:
+            j = 1
+            while j < size:
+                j = 2 * j if best[2 * j] >= need else 2 * j + 1
+            bins[j - size].append(i)
+            best[j] -= need
+        else:
+            j = size + len(bins)
+            bins.append([i])
+            best[j] = capacity - need
+        while j > 1:  # up to the first ancestor whose maximum does not change
+            j //= 2
+            left, right = best[2 * j], best[2 * j + 1]
             top = left if left >= right else right
-            if best[i] == top:
-                return
-            best[i] = top
-
-    def first_with_room(self, need: int) -> int | None:
-        if self.best[1] < need:
-            return None
-        i = 1
-        while i < self.size:
-            i = 2 * i if self.best[2 * i] >= need else 2 * i + 1
-        return i - self.size
+            if best[j] == top:
+                break
+            best[j] = top
+    return bins
 
 
 def karmarkar_karp(weights: list[int], parts: int) -> list[list[int]]:

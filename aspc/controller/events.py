@@ -6,7 +6,7 @@ from dataclasses import dataclass
 SampleId = tuple[int, int, int]  # (train step that consumes it, prompt within the step, index in group)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: made for every sample (a frozen dataclass's init is slow)
 class Request:
     sample: SampleId
     prompt_len: int
@@ -27,7 +27,7 @@ class InstanceIdle:
     capacity: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: one per sample, as Request
 class SampleFinished:
     sample: SampleId
     instance: int

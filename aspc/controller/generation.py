@@ -143,7 +143,11 @@ class Generation:
     def dispatch_all(self, only: int | None = None) -> list[Dispatch]:
         """Fill free capacity (of every instance, or of `only`) from the queues."""
         actions = []
-        if self.paused or not any([inst.queue for inst in self.instances]):  # nothing queued: nothing to start
+        if self.paused:
+            return actions
+        if only is not None and len(self.instances[only].inflight) >= self.instances[only].capacity:
+            return actions  # full: it neither takes nor steals (the common case after a finish)
+        if not any([inst.queue for inst in self.instances]):  # nothing queued: nothing to start
             return actions
         for i in range(len(self.instances)) if only is None else (only,):
             inst = self.instances[i]

@@ -111,7 +111,8 @@ class Simulation:
     def response_len(self, sample) -> int:
         """The response length drawn for the sample (an episode's first turn is drawn from it)."""
         step, prompt, index = sample
-        return self._step(step)[1][prompt * self.data.group + index]
+        lengths = self._lengths.get(step) or self._step(step)  # inline: asked twice per sample
+        return lengths[1][prompt * self.data.group + index]
 
     def rewards(self, work: Work) -> tuple[float, ...] | None:
         """A reward work's scores when the plan filters groups (dynamic sampling), drawn from the
@@ -148,9 +149,11 @@ class Simulation:
         """`tokens` of each sample (a learner work reads thousands)."""
         if self.env is not None:
             return [self.tokens(s) for s in samples]
-        group, out = self.data.group, []
+        group, out, step_of = self.data.group, [], {}
         for step, prompt, index in samples:
-            prompts, responses = self._step(step)
+            if step not in step_of:
+                step_of[step] = self._step(step)
+            prompts, responses = step_of[step]
             out.append(prompts[prompt] + responses[prompt * group + index])
         return out
 
