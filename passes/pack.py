@@ -38,28 +38,38 @@ class Pack(Pass):
     def apply(self, graph: StageGraph) -> StageGraph:
         if self.tokens < 0 or self.buckets < 0 or self.align < 1:
             raise PassError("tokens and buckets must be >= 0, align >= 1")
-        stages = [self._pack(graph, s) if s.kind in PACKED else s for s in graph.stages()]
+        packed: dict = {}  # (data, tokens, micro, ranks) -> fills: a reference and a train stage pack alike
+        stages = [self._pack(graph, s, packed) if s.kind in PACKED else s for s in graph.stages()]
         return graph.rebuilt(stages, graph.flows())
 
-    def _pack(self, graph: StageGraph, stage: Stage) -> Stage:
+    def _pack(self, graph: StageGraph, stage: Stage, packed: dict) -> Stage:
         tokens = self.tokens or stage.option("micro_tokens") or _train_tokens(graph)
         data = _upstream_data(graph, stage)
         longest = max((d.max_prompt + d.max_response for d in data), default=1)
         if tokens < longest:
             raise PassError(f"tokens={tokens} cannot hold one sequence of {longest} tokens "
                             f"(max_prompt + max_response) for stage '{stage.name}'")
-        lengths = [[s.tokens for s in sample_step(d, step)] for d in data for step in range(_steps(d))]
         micro = stage.streaming.micro if stage.streaming else None
-        if micro:  # streamed: a micro-batch packs one unit of `micro` samples, not a whole step
-            lengths = [step[i:i + micro] for step in lengths for i in range(0, len(step), micro)]
         ranks = stage.parallel.dp  # context parallelism splits sequences, it adds no ranks
-        fills = [sum(mb) for step in lengths for rank in micro_batches(step, tokens, ranks) for mb in rank]
+        key = (tuple(d.name for d in data), tokens, micro, ranks)
+        if key not in packed:
+            packed[key] = _fills(data, tokens, micro, ranks)
+        fills = packed[key]
         buckets = choose_buckets(fills, self.buckets, tokens, self.align) if self.buckets else ()
         fraction = None
         if buckets:  # the padding of these very micro-batches, each padded to its bucket
             fraction = round(1 - sum(fills) / sum(bucket_for(f, buckets) for f in fills), 4)
         shape = MicroBatchShape(tokens, tuple(buckets), "karmarkar_karp", "buckets" if buckets else "none", fraction)
         return stage.with_results(micro_batching=shape)
+
+
+def _fills(data, tokens: int, micro: int | None, ranks: int) -> list[int]:
+    """The token fill of every micro-batch the sampled steps pack into (per streamed unit of
+    `micro` samples when streamed), over `ranks` data-parallel ranks."""
+    lengths = [[s.tokens for s in sample_step(d, step)] for d in data for step in range(_steps(d))]
+    if micro:  # streamed: a micro-batch packs one unit of `micro` samples, not a whole step
+        lengths = [step[i:i + micro] for step in lengths for i in range(0, len(step), micro)]
+    return [sum(mb) for step in lengths for rank in micro_batches(step, tokens, ranks) for mb in rank]
 
 
 def _steps(data) -> int:
