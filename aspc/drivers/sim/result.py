@@ -142,10 +142,12 @@ def _account_instances(sim: Simulation, wall: float) -> None:
     pool = sim.gen_stage.pool
     owned = _mode_intervals(sim, pool, ("gen",))
     busy = {i.index: merge([(a, min(b, wall)) for a, b, _ in i.segments]) for i in sim.instances}
+    # Inside an instance's idle gaps, all instances' busy time is its peers' busy time: one union
+    anyone = merge([iv for ivs in busy.values() for iv in ivs])
     for inst in sim.instances:
         track = f"{sim.gen_stage.name}[{inst.index}]"
         sim.ledger.segments(track, inst.segments, wall, inst.devices)
-        peers = merge([iv for j, ivs in busy.items() if j != inst.index for iv in ivs])
+        peers = anyone
         held = merge([(a, min(b, wall)) for a, b in inst.held_intervals(wall)])
         lent = merge([(a, min(b, wall)) for a, b in sim.lent_spans.get(inst.index, [])])  # the trainer books them
         for owned_start, owned_end in owned:
