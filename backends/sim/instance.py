@@ -136,6 +136,9 @@ class GenInstance:
         while self._counts and self._counts[0] <= self.count:
             ended = sorted(self._ending.pop(heapq.heappop(self._counts)))  # in sample order, as a heap pops them
             self.active -= len(ended)
+            if not self._observations:  # no episode holds a tool call to come (and so no turns): all done
+                done += ended
+                continue
             for sample in ended:
                 if self._observations.get(sample):  # a tool call follows this turn
                     self._wait(sample)
