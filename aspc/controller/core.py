@@ -82,7 +82,8 @@ class Controller:
             self._delivered([sample])
         elif self.filter.full(sample[0]):  # surplus of dynamic sampling: never scored nor trained
             return self._syncs_after_finish(event.instance)
-        return self._route(self.learner.sample_done(sample)) + self._syncs_after_finish(event.instance)
+        works = self.learner.sample_done(sample)  # none but for a group's last sample
+        return (self._route(works) if works else []) + self._syncs_after_finish(event.instance)
 
     def _syncs_after_finish(self, i: int) -> list:
         """The pending weight sync a finished sample lets start: its instance drained, or (episodes

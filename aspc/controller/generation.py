@@ -185,7 +185,7 @@ class Generation:
         """Requests from the head of the queue while the instance has room. A unit is dispatchable
         or not as a whole (its step decides), so what fits of it is taken at once."""
         requests = []
-        queue, inflight = inst.queue, inst.inflight
+        queue, inflight, where, versions = inst.queue, inst.inflight, self.inflight, self.start_version
         while queue and len(inflight) < inst.capacity and self.dispatchable(queue[0], inst):
             unit = queue[0]
             room = inst.capacity - len(inflight)
@@ -194,12 +194,14 @@ class Generation:
             if not unit:
                 queue.popleft()
             inst.queued_requests -= len(taken)
+            queued, running, loaded = inst.queued_work, inst.inflight_work, inst.loaded  # locals: per request
             for sample, prompt_len, predicted in taken:
-                inst.queued_work -= predicted
+                queued -= predicted
                 inflight[sample] = predicted
-                inst.inflight_work += predicted
-                self.inflight[sample] = i
-                requests.append(Request(sample, prompt_len, self.start_version.setdefault(sample, inst.loaded)))
+                running += predicted
+                where[sample] = i
+                requests.append(Request(sample, prompt_len, versions.setdefault(sample, loaded)))
+            inst.queued_work, inst.inflight_work = queued, running
         return requests
 
     def finish(self, sample: SampleId, instance: int, length: int, turns: int = 1) -> bool:
