@@ -204,7 +204,7 @@ def test_only_the_newest_versions_stay_staged():
     sender = WeightSender(lambda tensors, instance: None, keep=2)
     for version in range(4):
         sender.publish(version, {"w": torch.full((1,), float(version))})
-    assert sorted(sender.staged) == [2, 3]
+    assert sorted(sender.staged.versions) == [2, 3]
 
 
 # ---- the megatron side ----
@@ -287,8 +287,8 @@ def test_the_lowered_train_stage_builds_a_megatron_model_in_the_reshard_layout(o
     rank0 = next(p for p in launch.processes if p.stage == stage.stage and p.rank == 0)
     model = build_gpt(dataclasses.asdict(stage), rank0.model_args, use_cpu_initialization=True)
     assert megatron_layout(model) == reshard.full_shapes(plan.model(plan.stages_of("train")[0].model).arch)
-    arch, parallel = layout_of(dataclasses.asdict(stage), rank0.world_size)  # what a follower rank reads back
-    assert reshard.full_shapes(arch) == megatron_layout(model) and parallel.devices == rank0.world_size
+    arch, parallel, layout = layout_of(dataclasses.asdict(stage), rank0.world_size)  # what a follower rank reads back
+    assert reshard.full_shapes(arch, layout) == megatron_layout(model) and parallel.devices == rank0.world_size
 
 
 def test_a_moe_model_with_qk_norm_has_the_reshard_layout_in_megatron(one_rank):
@@ -383,11 +383,15 @@ def fake_platform(monkeypatch):
         return SimpleNamespace(LLM=lambda **args: FakeLLM(generator, comm, **args), SamplingParams=SamplingParams)
 
     def build_trainer(self):
+        comms = {}  # one trainer-side communicator per group, as the engine side keeps one
+
         def send(tensors, instance):
-            send_hf(tensors, ThreadCommunicator(0, self.hubs.setdefault(instance, Hub())), [0, 1])
+            comm = comms.setdefault(instance, ThreadCommunicator(0, self.hubs.setdefault(instance, Hub())))
+            send_hf(tensors, comm, [0, 1])
 
         return CpuLearnerAsLeader(cpu(self).trainer(), WeightSender(send))
 
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # the engines' launch environment stays in this test
     monkeypatch.setattr(doctor, "missing_stack_message", lambda: None)
     monkeypatch.setattr(npu_executors, "require_npu", lambda: None)
     monkeypatch.setattr(AscendExecutors, "check_launch", lambda self: None)  # tiny_grpo has no checkpoint
@@ -434,14 +438,14 @@ def test_aspc_run_backend_ascend_drives_the_npu_executors_as_the_cpu_backend(asp
 
 
 def test_aspc_run_backend_ascend_refuses_what_the_npu_executors_do_not_run(aspc, tmp_path, monkeypatch):
-    """Each refusal is one message saying what to do: a warm start, colocated engines (at the stage's
-    line), a model without a checkpoint."""
+    """Each refusal is one message saying what to do: a warm start, colocated engines on an NPU
+    without a trainer rank (at the stage's line), a model without a checkpoint."""
     fake_platform(monkeypatch)
     separate = str(separate_pools(tmp_path))
     result = aspc("run", separate, "--backend", "ascend", "--warmstart", "5", "--steps", "1")
     assert result.exit_code == 1 and "--warmstart 0" in result.output
     result = aspc("run", str(TINY), "--backend", "ascend", "--warmstart", "0", "--steps", "1")
-    assert result.exit_code == 1 and "tiny_grpo.aspl:16:7" in result.output and "npu_ipc" in result.output
+    assert result.exit_code == 1 and "tiny_grpo.aspl:16:7" in result.output and "no trainer rank" in result.output
     monkeypatch.undo()
     from aspc.backends.ascend.run_executors import AscendExecutors
 
@@ -610,3 +614,204 @@ def test_aspc_run_backend_ascend_on_ray_places_engines_and_the_learner_on_npus(a
     assert roles == [("engine", 0), ("engine", 1), ("learner", None)]
     assert sorted(devices for _, _, devices, _ in notes) == ["0", "1", "2"]  # one fake NPU each
     assert len({pid for *_, pid in notes} | {os.getpid()}) == 4  # three actors, none of them this process
+
+
+# ---- colocated (time-shared) pools on NPUs: offload and onload, sleep and wake, the NPU IPC refresh ----
+class IpcFakeLLM(FakeLLM):
+    """FakeLLM as a colocated engine: no transfer group to join; `update_weights` takes the chunks
+    that trainer rank 0 delivers during the NPU IPC send (here `ipc_handles` carry the tensors
+    themselves, as rebuild_npu_tensor maps the trainer's memory). Every call goes to the run's log."""
+
+    def __init__(self, log, generator, **engine_args):
+        super().__init__(generator, None, **engine_args)
+        self.calls = log
+        self.env = {k: os.environ.get(k) for k in ("VLLM_ALLOW_INSECURE_SERIALIZATION", "VLLM_ASCEND_ENABLE_NZ")}
+
+    def _add_request(self, request_id, prompt, params):
+        self.calls.append("generate")
+        super()._add_request(request_id, prompt, params)
+
+    def init_weight_transfer_engine(self, request):
+        assert request == {"init_info": {}}  # NPUIPCWeightTransferInitInfo has no fields
+        self.calls.append("init_weight_transfer_engine")
+
+    def update_weights(self, request):
+        info = request["update_info"]
+        self.calls.append("update_weights")
+        self.received.update(zip(info["names"], info["ipc_handles"]))
+
+
+def ipc_send(tensors, deliver):
+    """The NPU IPC send of one rank (npu_ipc_sender) on a CPU: two chunks, delivered in order."""
+    names = sorted(tensors)
+    for chunk in (names[:len(names) // 2], names[len(names) // 2:]):
+        deliver({"names": chunk, "dtype_names": [str(tensors[n].dtype) for n in chunk],
+                 "shapes": [list(tensors[n].shape) for n in chunk], "ipc_handles": [tensors[n] for n in chunk],
+                 "packed": False})
+
+
+class ColocatedLeader(CpuLearnerAsLeader):
+    """The CPU learner as rank 0 on a time-shared pool: offload, onload and each train call logged."""
+
+    def __init__(self, learner, sender, log):
+        super().__init__(learner, sender)
+        self.log = log
+
+    def offload(self):
+        self.log.append("offload")
+
+    def onload(self):
+        self.log.append("onload")
+
+    def train(self, rollouts):
+        if self.log[-1] != "train":
+            self.log.append("train")
+        self.learner.train(rollouts)
+
+
+def fake_colocated_platform(monkeypatch):
+    """fake_platform with colocated engines (IpcFakeLLM) and the CPU learner behind an IpcSender;
+    one log of the engines' and the learner's calls per factory."""
+    from aspc.backends.ascend.weight_sync import IpcSender
+
+    built = fake_platform(monkeypatch)
+
+    def cpu(self):
+        if "cpu" not in self.__dict__:
+            self.cpu, self.log = CpuExecutors(self.plan, self.base_dir, self.seed), []
+            built.append(self)
+        return self.cpu
+
+    def engine_api(self, index, instances):
+        generator = cpu(self).generation_engine(index, instances)
+        return SimpleNamespace(LLM=lambda **args: IpcFakeLLM(self.log, generator, **args),
+                               SamplingParams=SamplingParams)
+
+    monkeypatch.setattr(AscendExecutors, "engine_api", engine_api)
+    monkeypatch.setattr(AscendExecutors, "build_trainer",
+                        lambda self: ColocatedLeader(cpu(self).trainer(), IpcSender(ipc_send), self.log))
+    return built
+
+
+def one_engine(tmp_path):
+    """tiny_grpo with one generation instance: its NPU then holds the trainer's rank (NPU IPC needs it)."""
+    path = tmp_path / "tiny_grpo_colocated.aspl"
+    path.write_text(TINY.read_text().replace("instances = 2,", "instances = 1,"))
+    return path
+
+
+def colocated_metrics(aspc, path, backend, metrics):
+    result = aspc("run", str(path), "--backend", backend, "--steps", "2", "--warmstart", "0", "--workers", "threads",
+                  "--metrics", str(metrics), "--set", "schedule.staleness=0")
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in metrics.read_text().splitlines() if '"trained"' in line]
+
+
+def steps_of(log):
+    """The log with each run of repeated calls (decode steps, per-chunk updates) as one entry."""
+    return [call for i, call in enumerate(log) if i == 0 or call != log[i - 1]]
+
+
+REFRESH = ["wake_up(['weights'])", "start_weight_update", "update_weights", "finish_weight_update",
+           "wake_up(['kv_cache'])"]
+
+
+def test_aspc_run_backend_ascend_switches_a_time_shared_pool_between_engines_and_trainer(aspc, tmp_path,
+                                                                                         monkeypatch):
+    """A colocated plan under `--backend ascend`: the same controller trains the same samples per
+    step as `--backend cpu`; each switch to generation offloads the trainer before the engine wakes
+    (weights, the NPU IPC refresh, then its KV cache) and generates, and each switch to training
+    puts the engine to sleep before the trainer onloads and trains."""
+    built = fake_colocated_platform(monkeypatch)
+    path = one_engine(tmp_path)
+    npu = colocated_metrics(aspc, path, "ascend", tmp_path / "npu.jsonl")
+    cpu = colocated_metrics(aspc, path, "cpu", tmp_path / "cpu.jsonl")
+    assert len(npu) == len(cpu) == 2
+    assert [m["trained"] for m in npu] == [m["trained"] for m in cpu]
+    assert npu[0]["reward"] == cpu[0]["reward"]
+    [executors] = built
+    log = steps_of(executors.log)
+    # the engine starts and sleeps before the trainer builds (the launch plan's start-up order on shared
+    # NPUs); generation has the pool first, so the trainer offloads and the engine wakes into version 0
+    start = ["sleep(1)", "offload", "init_weight_transfer_engine", *REFRESH, "generate"]
+    learn = ["sleep(1)", "onload", "train"]
+    assert log == start + learn + ["offload", *REFRESH, "generate"] + learn, log  # the last version is not synced
+    assert executors.log.count("update_weights") == 2 * 2  # two refreshes of two IPC chunks each
+    engine = executors.engines[0]
+    assert engine.llm.env == {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "VLLM_ASCEND_ENABLE_NZ": "0"}
+    loaded, published = engine.llm.generator.model.state_dict(), executors.learner.sender.staged.get(1)
+    assert engine.version == 1 and all(torch.equal(loaded[name], t) for name, t in published.items())
+
+
+def test_colocated_plans_the_npu_ipc_path_cannot_run_are_refused_at_the_generate_stage(tmp_path):
+    """On the Ray runtime (the switch sleeps engines in the trainer's process), several instances
+    (one process: their devices collide), and a model whose whole weights exceed one NPU (every
+    trainer rank assembles them): r1_zero_671b."""
+    from aspc.backends.ascend.run_executors import AscendExecutors
+
+    plan = compile_with_passes(one_engine(tmp_path), ["schedule.staleness=0"]).plan()
+    assert AscendExecutors.unsupported(plan) == []
+    [on_ray] = AscendExecutors.unsupported(plan, "ray")
+    assert on_ray.stage == "gen" and on_ray.option == "placement" and "--runtime local" in on_ray.hint
+    two = compile_with_passes(ROOT / "pipelines" / "grpo_7b_colocated.aspl").plan()
+    assert [r.option for r in AscendExecutors.unsupported(two)] == ["instances"]  # one process, several engines
+    big = compile_with_passes(ROOT / "pipelines" / "r1_zero_671b.aspl").plan()
+    assert any("whole model" in r.message and r.stage == big.stages_of("generate")[0].name
+               for r in AscendExecutors.unsupported(big))
+
+
+def test_offload_frees_the_trainers_buffers_and_optimizer_state_and_onload_restores_them():
+    """megatron DDP's contiguous buffers (parameters are views into param_data) lose their storage
+    and keep their views; the optimizer's fp32 main parameters and Adam state go to host memory;
+    onload puts every value back (gradients zeroed, as after the optimizer step)."""
+    from aspc.backends.ascend.trainer_actor import offload_model, offload_optimizer
+
+    param_data, grad_data = torch.arange(6.0), torch.ones(6)
+    model_params = [torch.nn.Parameter(param_data[:4].view(2, 2)), torch.nn.Parameter(param_data[4:])]
+    ddp = SimpleNamespace(buffers=[SimpleNamespace(param_data=param_data, grad_data=grad_data)],
+                          expert_parallel_buffers=[], parameters=lambda: iter(model_params))
+    main = torch.nn.Parameter(torch.randn(3))
+    adam = torch.optim.Adam([main])
+    main.grad = torch.ones(3)
+    adam.step()
+    before = {"main": main.detach().clone(), **{k: v.clone() for k, v in adam.state[main].items()}}
+    optimizer = SimpleNamespace(chained_optimizers=[SimpleNamespace(optimizer=adam)])
+    restore = offload_model(ddp) + offload_optimizer(optimizer, ddp)
+    assert param_data.untyped_storage().size() == 0 and grad_data.untyped_storage().size() == 0
+    assert adam.state[main]["exp_avg"] is not None and len(restore) == 1 + 1 + len(adam.state[main])
+    for step in restore:
+        step()
+    assert torch.equal(param_data, torch.arange(6.0)) and torch.equal(model_params[0], torch.tensor([[0., 1], [2, 3]]))
+    assert torch.equal(grad_data, torch.zeros(6)) and torch.equal(main.detach(), before.pop("main"))
+    assert all(torch.equal(adam.state[main][k], v) for k, v in before.items())
+
+
+def test_every_rank_holds_the_whole_hf_model_for_the_engine_worker_on_its_npu():
+    """Colocated refresh (npu_ipc): each rank of a TP2·PP2 trainer assembles the whole Hugging Face
+    checkpoint by the in-place reshard with an inference tensor-parallel size of 1."""
+    from aspc.backends.ascend import reshard
+    from aspc.backends.ascend.weight_sync import coords_of, whole_hf_in_place
+    from aspc.ir.facts import ModelArch
+    from aspc.ir.graph import Parallel
+    from fake_comm import run_ranks
+
+    arch = ModelArch(layers=4, hidden=16, heads=8, kv_heads=4, head_dim=2, ffn=32, vocab=64, qkv_bias=True)
+    par, generator = Parallel(tp=2, pp=2), torch.Generator().manual_seed(3)
+    full = {name: torch.randn(shape, generator=generator) for name, shape in reshard.full_shapes(arch).items()}
+    shards = [reshard.shard_state(arch, full, par.tp, par.pp, par.ep, coords_of(par, r)) for r in range(par.devices)]
+    hf = reshard.to_hf(arch, full)
+    for whole in run_ranks(par.devices, lambda comm: whole_hf_in_place(arch, shards[comm.rank], par, comm)):
+        assert sorted(whole) == sorted(hf) and all(torch.equal(whole[name], hf[name]) for name in hf)
+
+
+def test_an_engine_that_stops_taking_chunks_fails_the_ipc_send_instead_of_blocking_it():
+    from aspc.backends.ascend.weight_sync import IpcSender
+
+    sender = IpcSender(ipc_send)
+    published = sender.publish(1, {"a": torch.zeros(2), "b": torch.ones(2)})
+    pending = sender.start(published.version, 0)
+    updates = sender.updates(pending)
+    assert next(updates)["names"] == ["a"]
+    updates.close()  # the engine's update_weights raised after the first chunk
+    with pytest.raises(RuntimeError, match="stopped taking weight chunks"):
+        sender.wait(pending)

@@ -465,7 +465,8 @@ def _run_ascend(file, overrides, schedule, pipeline, dry_run, request) -> None:
     from aspc.backends.ascend.launch import launch_script
     from aspc.cli.doctor import missing_stack_message
 
-    missing = None if dry_run else missing_stack_message()  # refuse before compiling: `aspc doctor`'s report
+    on_ray = request.runtime_kind == "ray"  # then the NPUs are the Ray cluster's (checked below), not this host's
+    missing = None if dry_run or on_ray else missing_stack_message()  # refuse before compiling: the doctor's report
     if missing:
         raise click.ClickException(f"{file}: {missing}")
     compiled = _compile(file, overrides, schedule, pipeline, None, False)
@@ -474,7 +475,8 @@ def _run_ascend(file, overrides, schedule, pipeline, dry_run, request) -> None:
         click.echo(launch_script(launch), nl=False)
         return
     try:
-        require_npu()
+        if not on_ray:
+            require_npu()
     except AscendUnavailable as error:
         raise click.ClickException(f"{file}: {error}") from None
     from dataclasses import replace
@@ -484,7 +486,14 @@ def _run_ascend(file, overrides, schedule, pipeline, dry_run, request) -> None:
     from aspc.controller.kinds import refusals
 
     plan = _plan(compiled, pipeline)
-    _refuse_at_stages(file, overrides, compiled, refusals(plan) or AscendExecutors.unsupported(plan))
+    refused = refusals(plan) or AscendExecutors.unsupported(plan, request.runtime_kind)
+    _refuse_at_stages(file, overrides, compiled, refused)
+    if on_ray:
+        from aspc.drivers.ray.runtime import missing_cluster_devices
+
+        missing = missing_cluster_devices(plan, request.address)
+        if missing:
+            raise click.ClickException(f"{file}: {missing}")
     # threads: each vLLM engine starts its own worker processes; megatron's rank 0 stays in this one
     # (with --runtime ray: engines and rank 0 in Ray actors on the launch plan's NPUs)
     run_training(replace(request, workers="threads"), plan, AscendExecutors)

@@ -1,7 +1,8 @@
 """A generation instance on NPUs: the GenerationEngine role (aspc/roles.py) over one vLLM engine,
 which vllm-ascend serves as vLLM's platform plugin. The driver's worker submits requests, steps
 the engine and takes finished samples; the controller's pool switches put it to sleep and wake it;
-its weight refresh is vLLM's weight-transfer protocol around the trainer's broadcast.
+its weight refresh is vLLM's weight-transfer protocol around the trainer's broadcast (separate
+pools, HCCL) or around the trainer ranks' NPU IPC send (colocated pools, npu_ipc).
 
 Calls follow vLLM 0.23.0 (vllm/entrypoints/llm.py, vllm/v1/engine/llm_engine.py) and vllm-ascend
 0.23.0's NPU worker (vllm_ascend/worker/worker.py): continuous batching through
@@ -14,6 +15,7 @@ level the launch plan's `weight_refresh` gives (the worker needs the engine buil
 vllm-ascend's worker). vLLM is imported only when an engine is built (`vllm_api`)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -55,8 +57,10 @@ class VllmEngine:
     arguments; `micro_batching.sampling`: temperature, top_p, max_tokens); `api`: vllm_api() on an
     NPU, a fake in the CPU tests."""
 
-    def __init__(self, launch: dict, instance: int = 0, api=None):
-        self.launch, self.api, self._llm = launch, api, None
+    def __init__(self, launch: dict, instance: int = 0, api=None, env: dict | None = None):
+        """`env`: what the engine's process needs in its environment (the launch plan's process
+        environment, e.g. VLLM_ASCEND_ENABLE_NZ=0), set when vLLM starts: its processes inherit it."""
+        self.launch, self.api, self._llm, self.env = launch, api, None, dict(env or {})
         self.sampling = dict(launch["micro_batching"]["sampling"])
         self.slots = launch["config"]["max_num_seqs"]
         self.instance = instance
@@ -72,6 +76,7 @@ class VllmEngine:
         driver can hand the actor an unstarted copy."""
         if self._llm is None:
             self.api = self.api or vllm_api()
+            os.environ.update(self.env)
             self._llm = self.api.LLM(**self.launch["config"])
         return self._llm
 
@@ -116,12 +121,12 @@ class VllmEngine:
         pending = published.sender.start(published.version, self.instance)
         try:
             for step in self.refresh["calls"]:
-                self._refresh_call(step, published)
+                self._refresh_call(step, published, pending)
         finally:
             published.sender.wait(pending)
         self.version, self.asleep = published.version, False
 
-    def _refresh_call(self, step, published: PublishedWeights) -> None:
+    def _refresh_call(self, step, published: PublishedWeights, pending) -> None:
         name = step if isinstance(step, str) else step["call"]
         if name == "wake_up":
             if self.asleep:
@@ -131,17 +136,27 @@ class VllmEngine:
         elif name == "start_weight_update":
             self.llm.start_weight_update(is_checkpoint_format=True)
         elif name == "update_weights":
-            self.llm.update_weights({"update_info": published.update_info})
+            for info in self._update_infos(published, pending):
+                self.llm.update_weights({"update_info": info})
         elif name == "finish_weight_update":
             self.llm.finish_weight_update()
         else:
             raise ValueError(f"the launch plan asks for a weight-refresh call '{name}' this engine does not know")
+
+    @staticmethod
+    def _update_infos(published: PublishedWeights, pending) -> list | object:
+        """What each update_weights call gets: the HCCL broadcast's one description of every
+        tensor, or (npu_ipc, colocated) the chunks the trainer's IpcSender delivers while it sends."""
+        updates = getattr(published.sender, "updates", None)
+        return updates(pending) if updates is not None else [published.update_info]
 
     def sleep(self) -> None:
         """A time-shared pool goes to the trainer: free the NPU memory (the controller switches
         only when the instance has nothing in flight)."""
         if self.keys:
             raise RuntimeError(f"instance {self.instance} asked to sleep with {len(self.keys)} requests in flight")
+        if self.asleep:
+            return
         self.llm.sleep(level=self.refresh.get("sleep", {}).get("level", 1))
         self.asleep = True
 

@@ -47,6 +47,9 @@ TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # RL engines must not keep weights in the FRACTAL_NZ layout: refreshed weights arrive in ND.
 RL_ADDITIONAL_CONFIG = {"weight_nz_mode": 0}
 RL_ENV = {"VLLM_ASCEND_ENABLE_NZ": "0"}
+# Colocated engines take their weights by NPU IPC: collective_rpc passes the handles' dtypes and
+# storage classes to the engine's workers only pickled (vllm/v1/serial_utils.py)
+IPC_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
 
 # The LLM methods that refresh weights, in the order the driver calls them (vllm/entrypoints/llm.py).
 TRANSFER_CALLS = ["init_weight_transfer_engine", "start_weight_update", "update_weights", "finish_weight_update"]

@@ -12,7 +12,8 @@ What runs where:
   receive rank 0's settings, build their share of the model and `follow` every model call of
   rank 0, in order, until it stops;
 - weights go from trainer to engines as weight_sync.py describes (vllm-ascend's HCCL broadcast of
-  Hugging Face tensors from rank 0; MindSpeed-RL's in-place reshard for colocated pools).
+  Hugging Face tensors from rank 0; for colocated pools every rank's whole model, assembled by
+  MindSpeed-RL's in-place reshard, through vllm-ascend's NPU IPC engine).
 """
 from __future__ import annotations
 
@@ -58,6 +59,26 @@ def hccl_sender(groups: dict):
 
     def send(tensors: dict, instance: int) -> None:
         HCCLWeightTransferEngine.trainer_send_weights(named_tensors(tensors), {"group": groups[instance], "src": 0})
+
+    return send
+
+
+def npu_ipc_sender():
+    """A trainer rank's send over vllm-ascend's NPU IPC engine (colocated pools): every rank of the
+    job calls it together (the IPC handles are all-gathered over the default group); each chunk goes
+    through one IPC buffer on the rank's NPU and rank 0 calls `deliver` with its update_info
+    (vllm_ascend/distributed/weight_transfer/npu_ipc_engine.py, packed mode: bounded NPU memory)."""
+    from vllm_ascend.distributed.weight_transfer.npu_ipc_engine import NPUIPCWeightTransferEngine
+    from vllm_ascend.distributed.weight_transfer.packed_tensor import DEFAULT_PACKED_BUFFER_SIZE_BYTES
+
+    from aspc.backends.ascend.weight_sync import named_tensors
+
+    def send(tensors: dict, deliver) -> None:
+        largest = max((t.numel() * t.element_size() for t in tensors.values()), default=0)
+        NPUIPCWeightTransferEngine.trainer_send_weights(
+            named_tensors(tensors),
+            {"send_mode": deliver, "packed": True,
+             "packed_buffer_size_bytes": max(DEFAULT_PACKED_BUFFER_SIZE_BYTES, largest)})
 
     return send
 
@@ -116,7 +137,8 @@ def main(argv=None) -> int:
                   f"with `aspc run FILE --backend ascend --runtime ray`", file=sys.stderr)
             return 2
         process = next(p for p in launch["processes"] if p["stage"] == args.stage and p["rank"] == args.rank)
-        ran = run_follower(stage, process["model_args"], _follower_sync(stage, process["world_size"]))
+        sync = _follower_sync(stage, process["world_size"], colocated(launch))
+        ran = run_follower(stage, process["model_args"], sync)
     except AscendUnavailable as error:
         print(f"aspc: {error}", file=sys.stderr)
         return 1
@@ -124,13 +146,22 @@ def main(argv=None) -> int:
     return 0
 
 
-def _follower_sync(stage: dict, world_size: int):
-    """A follower's share in publishing weights: the stage's process groups, no sender."""
-    from aspc.backends.ascend.trainer_actor import SyncSetup, layout_of
-    from aspc.backends.ascend.weight_sync import TorchCommunicator
+def colocated(launch: dict) -> bool:
+    """The engines share the trainer's NPUs: their refresh is vllm-ascend's NPU IPC transfer."""
+    return any((s.get("micro_batching") or {}).get("weight_refresh", {}).get("backend") == "npu_ipc"
+               for s in launch["stages"] if s["role"] == "vllm-engine")
 
-    arch, parallel = layout_of(stage, world_size)
-    return SyncSetup(arch, parallel, TorchCommunicator(g for axis in stage["groups"].values() for g in axis))
+
+def _follower_sync(stage: dict, world_size: int, shared: bool = False):
+    """A follower's share in publishing weights: the stage's process groups; on a colocated pool
+    its own NPU IPC sender too (the engine worker on its NPU loads from it; rank 0 delivers)."""
+    from aspc.backends.ascend.trainer_actor import SyncSetup, layout_of
+    from aspc.backends.ascend.weight_sync import IpcSender, TorchCommunicator
+
+    arch, parallel, layout = layout_of(stage, world_size)
+    comm = TorchCommunicator(g for axis in stage["groups"].values() for g in axis)
+    sender = IpcSender(npu_ipc_sender()) if shared else None
+    return SyncSetup(arch, parallel, comm, sender, colocated=shared, layout=layout)
 
 
 if __name__ == "__main__":

@@ -162,6 +162,8 @@ def _engine_processes(plan: ExecutionPlan, stage: StagePlan, offset: int, port: 
     per_rank = par.tp * par.pp * par.cp
     is_moe = bool(_engine_arch(plan, stage).experts)
     refresh_env = vllm.RL_ENV if stage.kind == "generate" else {}
+    if stage.kind == "generate" and stage.placement == "time_shared":
+        refresh_env = {**refresh_env, **vllm.IPC_ENV}
     out = []
     for inst in stage.instances:
         ranks = [[device(offset, inst.first_device + dp * per_rank + k) for k in range(per_rank)]

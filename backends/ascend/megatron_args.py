@@ -40,7 +40,11 @@ def transformer_config(arch: ModelArch, dtype: str, par, recompute: bool,
     if arch.experts:
         config |= _moe_fields(arch) | settings.router
     if arch.attention == "mla":
-        config |= {"multi_latent_attention": True, "q_lora_rank": arch.q_lora_rank,
+        # qk_layernorm: the local spec's MLA builds q_layernorm/kv_layernorm (DeepSeek's q_a_layernorm,
+        # kv_a_layernorm) only when it is set (megatron-core 0.12.1 gpt_layer_specs.py; verl's
+        # hf_to_mcore_config_dpskv3 and MindSpeed-RL's configs/model/deepseekv3_671b.yaml set it).
+        # q_lora_rank None: megatron's MLA projects the query from the hidden state (linear_q_proj).
+        config |= {"multi_latent_attention": True, "qk_layernorm": True, "q_lora_rank": arch.q_lora_rank or None,
                    "kv_lora_rank": arch.kv_lora_rank, "qk_head_dim": arch.head_dim - arch.qk_rope_dim,
                    "qk_pos_emb_head_dim": arch.qk_rope_dim, "v_head_dim": arch.v_head_dim,
                    "rotary_base": settings.rope_base} | settings.yarn

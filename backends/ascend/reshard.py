@@ -1,22 +1,54 @@
 """Megatron-core and Hugging Face parameter layouts, and the pure tensor steps between them.
 
-A megatron-core GPTModel built from the local layer spec (megatron/core/models/gpt/gpt_layer_specs.py,
-`get_gpt_layer_local_spec`) names its parameters `decoder.layers.{i}.self_attention.linear_qkv.weight`
-and so on, with `i` the layer's index *within its pipeline stage*. Tensor parallelism cuts
-column-parallel weights along dim 0 and row-parallel ones along dim 1; the fused QKV weight is
-interleaved per query group ("q1 q2 k1 v1", megatron/core/transformer/attention.py), so a plain
-dim-0 cut hands each rank whole groups; the gated MLP's fc1 is [gate; up] on *every* rank, so the
-full tensor is not the concatenation of the shards. Experts (SequentialMLP,
-`mlp.experts.local_experts.{j}`) are spread over the expert-parallel ranks and, by megatron's
-default (expert_tensor_parallel_size = tensor_model_parallel_size), cut like the dense MLP.
+A megatron-core GPTModel built from the local specs (megatron/core/models/gpt/gpt_layer_specs.py,
+`get_gpt_layer_local_spec`, and `get_gpt_decoder_block_spec(use_transformer_engine=False)` for MoE and
+MLA, what backends/ascend/megatron_args.py asks for) names its parameters
+`decoder.layers.{i}.self_attention.linear_qkv.weight` and so on, with `i` the layer's index *within its
+pipeline stage*. Tensor parallelism cuts column-parallel weights along dim 0 and row-parallel ones
+along dim 1; the fused QKV weight is interleaved per query group ("q1 q2 k1 v1",
+megatron/core/transformer/attention.py), so a plain dim-0 cut hands each rank whole groups; the gated
+MLP's fc1 is [gate; up] on *every* rank, so the full tensor is not the concatenation of the shards.
+Experts (SequentialMLP, `mlp.experts.local_experts.{j}`) are spread over the expert-parallel ranks
+and, by megatron's default (expert_tensor_parallel_size = tensor_model_parallel_size), cut like the
+dense MLP; shared experts (`mlp.shared_experts`, moe/shared_experts.py) are a gated MLP on every
+expert-parallel rank; the router's weight and its `expert_bias` buffer (persistent, present with
+moe_router_enable_expert_bias; moe/router.py) are whole on every rank. Layers before
+`arch.dense_layers` (DeepSeek's first_k_dense_replace, megatron's moe_layer_freq) are dense.
+
+MLA (DeepSeek-V3), megatron-core 0.12.1 and 0.16.1 transformer/multi_latent_attention.py with the
+local spec: `linear_q_down_proj` [q_lora_rank, hidden], `q_layernorm` [q_lora_rank],
+`linear_q_up_proj` [heads x (qk_head_dim + qk_pos_emb_head_dim), q_lora_rank] (or `linear_q_proj`
+from the hidden state when q_lora_rank is unset), `linear_kv_down_proj` [kv_lora_rank + rope, hidden],
+`kv_layernorm` [kv_lora_rank], `linear_kv_up_proj` [heads x (qk_head_dim + v_head_dim), kv_lora_rank],
+`linear_proj` row-parallel. The local spec builds the down projections as ColumnParallelLinear (the
+forward all-gathers their output), so the trainer holds them cut along dim 0; vLLM's DeepSeek model
+(vllm/model_executor/models/deepseek_v2.py) holds q_a_proj and kv_a_proj_with_mqa as ReplicatedLinear:
+`engine_params` gives the engine's cuts. Without Transformer Engine megatron-core's local MLA does not
+construct (its DotProductAttention takes no `k_channels`; 0.16.1 also tests `isinstance(.., TELinear)`):
+tests/test_reshard.py builds it with a parameter-free core attention. The Transformer Engine spec
+instead duplicates the down projections and fuses the norms into the up projections
+(`linear_q_up_proj.layer_norm_weight`), the names verl's converter reads
+(verl/models/mcore/weight_converter.py, McoreToHFWeightConverterDpskv3); the Hugging Face names
+here are those of that converter (q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj_with_mqa,
+kv_a_layernorm, kv_b_proj, mlp.shared_experts.*, mlp.gate.e_score_correction_bias).
+
+Pipeline stages hold arch.layers / pp layers each unless the TransformerConfig names the first or last
+stage's count (`num_layers_in_first/last_pipeline_stage`, `--decoder-first/last-pipeline-num-layers`):
+then the other stages share the rest evenly (transformer/transformer_block.py,
+`get_num_layers_to_build`). A critic (value model) replaces the output layer by a replicated
+[1, hidden] value head (verl/models/mcore/model_initializer.py, `LinearForLastLayer`), named
+`score.weight` on the Hugging Face side: the head of `AutoModelForTokenClassification(num_labels=1)`,
+which verl's FSDP critic loads and its megatron loader accepts (verl/models/mcore/loader.py).
+`Layout` carries these trainer settings.
 
 Here a "full" megatron state dict has every layer under its global index and no tensor cut;
 `split`/`merge` go between a full tensor and its tensor-parallel shards, `to_hf`/`from_hf`
-between full megatron names and Hugging Face names (Qwen2/Qwen3/Qwen3-MoE checkpoints). MLA
-(DeepSeek) weights are not modelled: `check_supported` says so."""
+between full megatron names and Hugging Face names (Qwen2/Qwen3/Qwen3-MoE/DeepSeek-V3 checkpoints)."""
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -39,33 +71,107 @@ class LayoutError(ValueError):
     """A model or parallel layout that this resharding does not handle; the message says which."""
 
 
-def check_supported(arch: ModelArch, tp: int, pp: int = 1, ep: int = 1) -> None:
-    if arch.attention == "mla":
-        raise LayoutError("resharding MLA (DeepSeek) weights is not modelled; only GQA models (Qwen2, Qwen3, "
-                          "Qwen3-MoE) are")
-    if arch.layers % pp:
-        raise LayoutError(f"{arch.layers} layers do not split evenly into {pp} pipeline stages")
-    for what, size in (("vocabulary", arch.vocab), ("FFN", arch.ffn), ("query groups", arch.kv_heads)):
+@dataclass(frozen=True)
+class Layout:
+    """What the trainer's megatron model holds beyond the architecture's shapes: the uneven pipeline
+    split, the router's expert bias, the critic's value head."""
+
+    first_stage_layers: int | None = None  # TransformerConfig.num_layers_in_first_pipeline_stage
+    last_stage_layers: int | None = None  # TransformerConfig.num_layers_in_last_pipeline_stage
+    expert_bias: bool = False  # moe_router_enable_expert_bias: mlp.router.expert_bias
+    value_head: bool = False  # a critic: output_layer is the [1, hidden] value head
+
+    @classmethod
+    def from_config(cls, config: dict, value_head: bool = False) -> Layout:
+        """The layout of a model built from these TransformerConfig fields (megatron_args.transformer_config)."""
+        return cls(config.get("num_layers_in_first_pipeline_stage"), config.get("num_layers_in_last_pipeline_stage"),
+                   bool(config.get("moe_router_enable_expert_bias")), value_head)
+
+    def stage_layers(self, layers: int, pp: int) -> tuple[int, ...]:
+        """Decoder layers per pipeline stage, counted as megatron-core's get_num_layers_to_build does."""
+        given = {stage: n for stage, n in ((0, self.first_stage_layers), (pp - 1, self.last_stage_layers))
+                 if n is not None}
+        if not given:
+            if layers % pp:
+                raise LayoutError(f"{layers} layers do not split evenly into {pp} pipeline stages: pass the "
+                                  "trainer's num_layers_in_first/last_pipeline_stage (Layout.from_config)")
+            return (layers // pp,) * pp
+        if pp < 2:
+            raise LayoutError("num_layers_in_first/last_pipeline_stage need pipeline parallelism (pp of 2 or more)")
+        rest, middle = layers - sum(given.values()), pp - len(given)
+        if rest < 0 or (rest % middle if middle else rest):
+            raise LayoutError(f"{layers} layers do not split into {pp} pipeline stages with {given} layers in the "
+                              "first/last stage: megatron-core spreads the rest evenly over the stages between")
+        return tuple(given.get(stage, rest // middle if middle else 0) for stage in range(pp))
+
+
+PLAIN = Layout()
+
+
+def check_supported(arch: ModelArch, tp: int, pp: int = 1, ep: int = 1, layout: Layout | None = None) -> None:
+    """Refuse what these cuts cannot hold. MLA (DeepSeek) needs the trainer's `layout` (its router
+    expert bias and 61-layer pipeline split live in the TransformerConfig, not in the architecture)."""
+    if layout is None and arch.attention == "mla":
+        raise LayoutError("resharding MLA (DeepSeek) weights needs the trainer's layout (router expert bias, "
+                          "pipeline split): pass layout=reshard.Layout.from_config(<its TransformerConfig fields>)")
+    (layout or PLAIN).stage_layers(arch.layers, pp)
+    for what, size in _tensor_parallel_sizes(arch):
         if size % tp:
             raise LayoutError(f"the {what} ({size}) does not split evenly over tensor-parallel size {tp}")
     if arch.experts and arch.experts % ep:
         raise LayoutError(f"{arch.experts} experts do not split evenly over expert-parallel size {ep}")
 
 
+def _tensor_parallel_sizes(arch: ModelArch) -> list[tuple[str, int]]:
+    """The sizes that column- and row-parallel cuts divide."""
+    sizes = [("vocabulary", arch.vocab)]
+    if arch.layers > arch.moe_layers:
+        sizes.append(("FFN", arch.ffn))
+    if arch.experts:
+        sizes += [("expert FFN", arch.expert_ffn), ("shared-expert FFN", arch.shared_experts * arch.expert_ffn)]
+    if arch.attention != "mla":
+        return sizes + [("query groups", arch.kv_heads)]
+    return sizes + [("attention heads", arch.heads), ("MLA q_lora_rank", arch.q_lora_rank),
+                    ("MLA kv down projection (kv_lora_rank + qk_rope_dim)", arch.kv_lora_rank + arch.qk_rope_dim)]
+
+
 # ---- the megatron layout ----
-def layer_params(arch: ModelArch, layer: int) -> dict[str, Cut]:
+def layer_params(arch: ModelArch, layer: int, layout: Layout = PLAIN) -> dict[str, Cut]:
     """One decoder layer's megatron parameters (global layer index) and how each is cut."""
     p = f"decoder.layers.{layer}."
-    params = {p + "input_layernorm.weight": REPLICATED, p + "self_attention.linear_qkv.weight": COLUMN,
-              p + "self_attention.linear_proj.weight": ROW, p + "pre_mlp_layernorm.weight": REPLICATED}
+    params = {p + "input_layernorm.weight": REPLICATED, p + "pre_mlp_layernorm.weight": REPLICATED}
+    attention = _mla_params if arch.attention == "mla" else _gqa_params
+    return params | attention(arch, p + "self_attention.") | _mlp_params(arch, layer, layout)
+
+
+def _gqa_params(arch: ModelArch, a: str) -> dict[str, Cut]:
+    params = {a + "linear_qkv.weight": COLUMN, a + "linear_proj.weight": ROW}
     if arch.qkv_bias:
-        params[p + "self_attention.linear_qkv.bias"] = COLUMN
+        params[a + "linear_qkv.bias"] = COLUMN
     if arch.qk_norm:
-        params |= {p + "self_attention.q_layernorm.weight": REPLICATED,
-                   p + "self_attention.k_layernorm.weight": REPLICATED}
+        params |= {a + "q_layernorm.weight": REPLICATED, a + "k_layernorm.weight": REPLICATED}
+    return params
+
+
+def _mla_params(arch: ModelArch, a: str) -> dict[str, Cut]:
+    if arch.q_lora_rank:
+        query = {a + "linear_q_down_proj.weight": COLUMN, a + "q_layernorm.weight": REPLICATED,
+                 a + "linear_q_up_proj.weight": COLUMN}
+    else:
+        query = {a + "linear_q_proj.weight": COLUMN}
+    return query | {a + "linear_kv_down_proj.weight": COLUMN, a + "kv_layernorm.weight": REPLICATED,
+                    a + "linear_kv_up_proj.weight": COLUMN, a + "linear_proj.weight": ROW}
+
+
+def _mlp_params(arch: ModelArch, layer: int, layout: Layout) -> dict[str, Cut]:
+    p = f"decoder.layers.{layer}.mlp."
     if not is_moe_layer(arch, layer):
-        return params | {p + "mlp.linear_fc1.weight": GATED, p + "mlp.linear_fc2.weight": ROW}
-    params[p + "mlp.router.weight"] = REPLICATED
+        return {p + "linear_fc1.weight": GATED, p + "linear_fc2.weight": ROW}
+    params = {p + "router.weight": REPLICATED}
+    if layout.expert_bias:
+        params[p + "router.expert_bias"] = REPLICATED
+    if arch.shared_experts:
+        params |= {p + "shared_experts.linear_fc1.weight": GATED, p + "shared_experts.linear_fc2.weight": ROW}
     for e in range(arch.experts):
         params |= {expert_name(layer, e, "linear_fc1"): GATED, expert_name(layer, e, "linear_fc2"): ROW}
     return params
@@ -79,23 +185,40 @@ def expert_name(layer: int, expert: int, linear: str) -> str:
     return f"decoder.layers.{layer}.mlp.experts.local_experts.{expert}.{linear}.weight"
 
 
-def full_params(arch: ModelArch) -> dict[str, Cut]:
-    """Every megatron parameter of the whole model (global layer and expert numbers)."""
+def full_params(arch: ModelArch, layout: Layout = PLAIN) -> dict[str, Cut]:
+    """Every megatron parameter of the whole model (global layer and expert numbers), as the trainer cuts it."""
     params = {"embedding.word_embeddings.weight": COLUMN}
     for layer in range(arch.layers):
-        params |= layer_params(arch, layer)
+        params |= layer_params(arch, layer, layout)
     params["decoder.final_layernorm.weight"] = REPLICATED
-    if not arch.tied:
+    if layout.value_head:
+        params["output_layer.weight"] = REPLICATED
+    elif not arch.tied:
         params["output_layer.weight"] = COLUMN
     return params
 
 
-def stage_of(arch: ModelArch, name: str, pp: int) -> int:
-    """The pipeline stage that holds a parameter (evenly split layers; megatron's default)."""
+ENGINE_REPLICATED = ("self_attention.linear_q_down_proj.weight", "self_attention.linear_kv_down_proj.weight")
+
+
+def engine_params(arch: ModelArch, layout: Layout = PLAIN) -> dict[str, Cut]:
+    """Every parameter as a vLLM engine's tensor-parallel ranks cut it: as the trainer does, except MLA's
+    down projections, which vLLM replicates (deepseek_v2.py: q_a_proj, kv_a_proj_with_mqa)."""
+    return {name: REPLICATED if name.endswith(ENGINE_REPLICATED) else cut
+            for name, cut in full_params(arch, layout).items()}
+
+
+def stage_starts(arch: ModelArch, pp: int, layout: Layout = PLAIN) -> tuple[int, ...]:
+    """The global index of each pipeline stage's first layer."""
+    return (0, *accumulate(layout.stage_layers(arch.layers, pp)))[:-1]
+
+
+def stage_of(arch: ModelArch, name: str, pp: int, layout: Layout = PLAIN) -> int:
+    """The pipeline stage that holds a parameter."""
     if name.startswith("embedding."):
         return 0
     if name.startswith("decoder.layers."):
-        return layer_of(name) // (arch.layers // pp)
+        return bisect_right(stage_starts(arch, pp, layout), layer_of(name)) - 1
     return pp - 1  # final norm, output layer
 
 
@@ -108,24 +231,25 @@ def expert_of(name: str) -> int | None:
     return int(parts[parts.index("local_experts") + 1]) if "local_experts" in parts else None
 
 
-def local_name(arch: ModelArch, name: str, pp: int, ep: int) -> str:
+def local_name(arch: ModelArch, name: str, pp: int, ep: int, layout: Layout = PLAIN) -> str:
     """A global megatron name as the rank that holds it numbers it: layers from 0 in each stage,
     experts from 0 on each expert-parallel rank."""
     if not name.startswith("decoder.layers."):
         return name
     parts = name.split(".")
-    parts[2] = str(layer_of(name) % (arch.layers // pp))
+    parts[2] = str(layer_of(name) - stage_starts(arch, pp, layout)[stage_of(arch, name, pp, layout)])
     expert = expert_of(name)
     if expert is not None:
         parts[parts.index("local_experts") + 1] = str(expert % (arch.experts // ep))
     return ".".join(parts)
 
 
-def global_name(arch: ModelArch, name: str, pp_rank: int, pp: int, ep_rank: int, ep: int) -> str:
+def global_name(arch: ModelArch, name: str, pp_rank: int, pp: int, ep_rank: int, ep: int,
+                layout: Layout = PLAIN) -> str:
     if not name.startswith("decoder.layers."):
         return name
     parts = name.split(".")
-    parts[2] = str(int(parts[2]) + pp_rank * (arch.layers // pp))
+    parts[2] = str(int(parts[2]) + stage_starts(arch, pp, layout)[pp_rank])
     if "local_experts" in parts:
         at = parts.index("local_experts") + 1
         parts[at] = str(int(parts[at]) + ep_rank * (arch.experts // ep))
@@ -149,78 +273,94 @@ def merge(shards: list[torch.Tensor], cut: Cut) -> torch.Tensor:
     return torch.cat([torch.cat([p[k] for p in per_shard], dim=cut.dim) for k in range(cut.parts)], dim=cut.dim)
 
 
-def shard_state(arch: ModelArch, full: dict, tp: int, pp: int, ep: int, coords: dict) -> dict:
+def shard_state(arch: ModelArch, full: dict, tp: int, pp: int, ep: int, coords: dict,
+                layout: Layout = PLAIN) -> dict:
     """The state dict of the rank at `coords` (tp, pp and its expert-parallel rank "ep"), from a
     full megatron state dict: what megatron's own checkpoint loading would leave on that rank."""
-    cuts = full_params(arch)
+    cuts = full_params(arch, layout)
     out = {}
     for name, tensor in full.items():
         expert = expert_of(name)
-        if stage_of(arch, name, pp) != coords["pp"]:
+        if stage_of(arch, name, pp, layout) != coords["pp"]:
             continue
         if expert is not None and expert // (arch.experts // ep) != coords["ep"]:
             continue
-        out[local_name(arch, name, pp, ep)] = split(tensor, cuts[name], tp)[coords["tp"]]
+        out[local_name(arch, name, pp, ep, layout)] = split(tensor, cuts[name], tp)[coords["tp"]]
     return out
 
 
 # ---- Hugging Face names ----
-def to_hf(arch: ModelArch, full: dict) -> dict[str, torch.Tensor]:
+def to_hf(arch: ModelArch, full: dict, layout: Layout = PLAIN) -> dict[str, torch.Tensor]:
     """A full megatron state dict as a Hugging Face checkpoint's tensors (what vllm-ascend's HCCL
     weight transfer and vLLM's `load_weights` take)."""
     out = {}
     for name, tensor in full.items():
-        for hf_name, part in _hf_parts(arch, name, tensor):
+        for hf_name, part in _hf_parts(arch, name, tensor, layout):
             out[hf_name] = part
     return out
 
 
-def from_hf(arch: ModelArch, hf: dict) -> dict[str, torch.Tensor]:
+def from_hf(arch: ModelArch, hf: dict, layout: Layout = PLAIN) -> dict[str, torch.Tensor]:
     """The inverse of `to_hf`."""
     full = {}
-    for name in full_params(arch):
-        sources = _hf_sources(arch, name)
-        if name.endswith("linear_qkv.weight") or name.endswith("linear_qkv.bias"):
+    for name in full_params(arch, layout):
+        sources = _hf_sources(arch, name, layout)
+        if _is_qkv(name):
             full[name] = _interleave_qkv(arch, *(hf[s] for s in sources))
         else:
             full[name] = torch.cat([hf[s] for s in sources], dim=0) if len(sources) > 1 else hf[sources[0]]
     return full
 
 
-SIMPLE = {"input_layernorm.weight": "input_layernorm.weight",
-          "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
-          "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
-          "self_attention.q_layernorm.weight": "self_attn.q_norm.weight",
-          "self_attention.k_layernorm.weight": "self_attn.k_norm.weight", "mlp.router.weight": "mlp.gate.weight",
-          "mlp.linear_fc2.weight": "mlp.down_proj.weight"}
 TOP = {"embedding.word_embeddings.weight": "model.embed_tokens.weight",
        "decoder.final_layernorm.weight": "model.norm.weight", "output_layer.weight": "lm_head.weight"}
+VALUE_HEAD = "score.weight"
+# megatron name after "decoder.layers.{i}." -> Hugging Face names after "model.layers.{i}."
+LAYER = {"input_layernorm.weight": ["input_layernorm.weight"],
+         "pre_mlp_layernorm.weight": ["post_attention_layernorm.weight"],
+         "self_attention.linear_proj.weight": ["self_attn.o_proj.weight"],
+         "mlp.linear_fc1.weight": ["mlp.gate_proj.weight", "mlp.up_proj.weight"],
+         "mlp.linear_fc2.weight": ["mlp.down_proj.weight"],
+         "mlp.router.weight": ["mlp.gate.weight"], "mlp.router.expert_bias": ["mlp.gate.e_score_correction_bias"],
+         "mlp.shared_experts.linear_fc1.weight": ["mlp.shared_experts.gate_proj.weight",
+                                                  "mlp.shared_experts.up_proj.weight"],
+         "mlp.shared_experts.linear_fc2.weight": ["mlp.shared_experts.down_proj.weight"]}
+GQA = {"self_attention.linear_qkv.weight": [f"self_attn.{p}_proj.weight" for p in "qkv"],
+       "self_attention.linear_qkv.bias": [f"self_attn.{p}_proj.bias" for p in "qkv"],
+       "self_attention.q_layernorm.weight": ["self_attn.q_norm.weight"],
+       "self_attention.k_layernorm.weight": ["self_attn.k_norm.weight"]}
+MLA = {"self_attention.linear_q_proj.weight": ["self_attn.q_proj.weight"],
+       "self_attention.linear_q_down_proj.weight": ["self_attn.q_a_proj.weight"],
+       "self_attention.q_layernorm.weight": ["self_attn.q_a_layernorm.weight"],
+       "self_attention.linear_q_up_proj.weight": ["self_attn.q_b_proj.weight"],
+       "self_attention.linear_kv_down_proj.weight": ["self_attn.kv_a_proj_with_mqa.weight"],
+       "self_attention.kv_layernorm.weight": ["self_attn.kv_a_layernorm.weight"],
+       "self_attention.linear_kv_up_proj.weight": ["self_attn.kv_b_proj.weight"]}
 
 
-def _hf_sources(arch: ModelArch, name: str) -> list[str]:
+def _hf_sources(arch: ModelArch, name: str, layout: Layout = PLAIN) -> list[str]:
     """The Hugging Face tensors that one megatron parameter is made of."""
+    if name == "output_layer.weight" and layout.value_head:
+        return [VALUE_HEAD]
     if name in TOP:
         return [TOP[name]]
-    layer = layer_of(name)
-    prefix = f"model.layers.{layer}."
-    rest = name.split(".", 3)[3]
-    expert = expert_of(name)
+    rest, expert = name.split(".", 3)[3], expert_of(name)
     if expert is not None:
-        base = f"{prefix}mlp.experts.{expert}."
-        if "linear_fc1" in rest:
-            return [base + "gate_proj.weight", base + "up_proj.weight"]
-        return [base + "down_proj.weight"]
-    if rest.startswith("self_attention.linear_qkv."):
-        kind = rest.rsplit(".", 1)[1]
-        return [f"{prefix}self_attn.{p}_proj.{kind}" for p in "qkv"]
-    if rest == "mlp.linear_fc1.weight":
-        return [prefix + "mlp.gate_proj.weight", prefix + "mlp.up_proj.weight"]
-    return [prefix + SIMPLE[rest]]
+        base = f"mlp.experts.{expert}."
+        leaves = [base + "gate_proj.weight", base + "up_proj.weight"] if ".linear_fc1." in name \
+            else [base + "down_proj.weight"]
+    else:
+        leaves = (MLA if arch.attention == "mla" else GQA).get(rest) or LAYER[rest]
+    return [f"model.layers.{layer_of(name)}.{leaf}" for leaf in leaves]
 
 
-def _hf_parts(arch: ModelArch, name: str, tensor: torch.Tensor):
-    sources = _hf_sources(arch, name)
-    if name.endswith("linear_qkv.weight") or name.endswith("linear_qkv.bias"):
+def _is_qkv(name: str) -> bool:
+    return name.endswith("linear_qkv.weight") or name.endswith("linear_qkv.bias")
+
+
+def _hf_parts(arch: ModelArch, name: str, tensor: torch.Tensor, layout: Layout):
+    sources = _hf_sources(arch, name, layout)
+    if _is_qkv(name):
         return zip(sources, _deinterleave_qkv(arch, tensor))
     return zip(sources, tensor.chunk(len(sources), dim=0))
 
@@ -243,22 +383,38 @@ def _deinterleave_qkv(arch: ModelArch, qkv: torch.Tensor):
     return [t.reshape(-1, *qkv.shape[1:]).contiguous() for t in (q, k, v)]
 
 
-def full_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
+def full_shapes(arch: ModelArch, layout: Layout = PLAIN) -> dict[str, tuple[int, ...]]:
     """The shape of every full megatron parameter."""
-    h, d, f = arch.hidden, arch.head_dim, arch.ffn
-    qkv = (arch.heads + 2 * arch.kv_heads) * d
+    h, table = arch.hidden, _layer_shapes(arch)
+    top = {"embedding.word_embeddings.weight": (arch.vocab, h),
+           "output_layer.weight": (1, h) if layout.value_head else (arch.vocab, h)}
     shapes = {}
-    for name in full_params(arch):
-        leaf = name.split(".", 3)[-1] if name.startswith("decoder.layers.") else name
-        ffn = arch.expert_ffn if expert_of(name) is not None else f
-        shapes[name] = {
-            "embedding.word_embeddings.weight": (arch.vocab, h), "output_layer.weight": (arch.vocab, h),
-            "self_attention.linear_qkv.weight": (qkv, h), "self_attention.linear_qkv.bias": (qkv,),
-            "self_attention.linear_proj.weight": (h, arch.heads * d), "mlp.router.weight": (arch.experts, h),
-            "self_attention.q_layernorm.weight": (d,), "self_attention.k_layernorm.weight": (d,),
-        }.get(leaf) or ((2 * ffn, h) if leaf.endswith("linear_fc1.weight")
-                        else (h, ffn) if leaf.endswith("linear_fc2.weight") else (h,))
+    for name in full_params(arch, layout):
+        leaf = name.split(".", 3)[3] if name.startswith("decoder.layers.") else name
+        if expert_of(name) is not None:
+            leaf = "expert." + leaf.rsplit(".", 2)[1]
+        shapes[name] = top.get(name) or table.get(leaf) or (h,)  # (h,): the layer norms
     return shapes
+
+
+def _layer_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
+    """Shapes of a layer's parameters by their name after "decoder.layers.{i}." (experts: "expert.<linear>")."""
+    h, d, mla = arch.hidden, arch.head_dim, arch.attention == "mla"
+    qkv, shared, a = (arch.heads + 2 * arch.kv_heads) * d, arch.shared_experts * arch.expert_ffn, "self_attention."
+    return {
+        a + "linear_qkv.weight": (qkv, h), a + "linear_qkv.bias": (qkv,),
+        a + "linear_proj.weight": (h, arch.heads * (arch.v_head_dim if mla else d)),
+        a + "q_layernorm.weight": (arch.q_lora_rank,) if mla else (d,), a + "k_layernorm.weight": (d,),
+        a + "linear_q_proj.weight": (arch.heads * d, h), a + "linear_q_down_proj.weight": (arch.q_lora_rank, h),
+        a + "linear_q_up_proj.weight": (arch.heads * d, arch.q_lora_rank),
+        a + "linear_kv_down_proj.weight": (arch.kv_lora_rank + arch.qk_rope_dim, h),
+        a + "kv_layernorm.weight": (arch.kv_lora_rank,),
+        a + "linear_kv_up_proj.weight": (arch.heads * (d - arch.qk_rope_dim + arch.v_head_dim), arch.kv_lora_rank),
+        "mlp.linear_fc1.weight": (2 * arch.ffn, h), "mlp.linear_fc2.weight": (h, arch.ffn),
+        "mlp.router.weight": (arch.experts, h), "mlp.router.expert_bias": (arch.experts,),
+        "mlp.shared_experts.linear_fc1.weight": (2 * shared, h), "mlp.shared_experts.linear_fc2.weight": (h, shared),
+        "expert.linear_fc1": (2 * arch.expert_ffn, h), "expert.linear_fc2": (h, arch.expert_ffn),
+    }
 
 
 # ---- grouped-GEMM experts ----

@@ -8,7 +8,13 @@ and its controller are the same as every backend's; this factory hands them
   inside the learner actor (`learner_in_actor`), and each engine's actor joins its transfer group
   with that actor (`unstarted_engine`, `transfer_info`, `join_trainer_side`);
 - the weights: published by the trainer (full Hugging Face tensors on rank 0, weight_sync.py) and
-  broadcast per instance by vllm-ascend's HCCL engine (executors.hccl_sender);
+  broadcast per instance by vllm-ascend's HCCL engine (executors.hccl_sender); on a time-shared
+  (colocated) pool every trainer rank publishes the whole model and hands it to the engine worker
+  on its NPU through vllm-ascend's NPU IPC engine (executors.npu_ipc_sender, weight_sync.IpcSender);
+- a time-shared pool's switches (`switch_pool`): to generation, the trainer's ranks offload
+  parameters, gradients and optimizer state to host memory, and each engine wakes its weights, takes
+  the new version, then wakes its KV cache (the launch plan's colocated `weight_refresh`); to
+  training, the engines sleep and the trainer onloads;
 - prompts, rule and python rewards and rollouts: the CPU backend's host side.
 
 What it does not execute is refused before the run (`unsupported`). The platform pieces
@@ -21,6 +27,7 @@ import os
 import threading
 
 from aspc.backends.ascend.engine_actor import VllmEngine
+from aspc.backends.ascend.engine_args import IPC_ENV
 from aspc.backends.ascend.lowering import lower
 from aspc.backends.ascend.process_env import node_addresses_from_env
 from aspc.backends.cpu.data import PromptSource
@@ -28,6 +35,7 @@ from aspc.backends.cpu.executors import CpuExecutors, checkpoint_dir
 from aspc.backends.cpu.hf_tokenizer import HfTokenizer
 from aspc.backends.cpu.rewards import build_reward
 from aspc.backends.cpu.tokenizer import CHARS
+from aspc.ir.facts import DTYPE_BYTES, GIB, hardware_table
 from aspc.plan.execution_plan import ExecutionPlan, StageRefusal
 
 TRANSFER_PORT = 28000  # + the instance: the rendezvous of one instance's weight-transfer group
@@ -62,17 +70,17 @@ class AscendExecutors(CpuExecutors):
         self.reward_fn, self.verifier = build_reward(sources, base_dir), None
         self.actor = self.learner = self._tools = self.env_stage = None
         self.scorers, self.engines, self.groups = {}, {}, {}
+        self.colocated = self.gen_stage.placement == "time_shared"
+        self.initial = None  # version 0 as published (snapshot), for the engines' first refresh
+        self.holder = None  # who has a time-shared pool's NPUs: "learn" | "gen"
 
     @staticmethod
-    def unsupported(plan: ExecutionPlan) -> list[StageRefusal]:
+    def unsupported(plan: ExecutionPlan, runtime: str = "local") -> list[StageRefusal]:
         """What this factory does not run on NPUs yet, refused at the stage before anything starts."""
         found = []
         for stage in plan.stages:
             if stage.kind == "generate" and stage.placement == "time_shared":
-                found.append(StageRefusal(stage.name, f"stage '{stage.name}': colocated engines take their weights "
-                                          "through vllm-ascend's npu_ipc sender, which the NPU run does not have yet",
-                                          "give generation a pool of its own, or print the launch plan with "
-                                          "--dry-run", "placement"))
+                found += colocated_refusals(plan, stage, runtime)
             if stage.kind in ("critic", "environment"):
                 found.append(StageRefusal(stage.name, f"stage '{stage.name}': the NPU run has no {stage.kind} "
                                           "executor yet", "run it with --backend cpu, or remove the stage"))
@@ -101,35 +109,92 @@ class AscendExecutors(CpuExecutors):
                              "its checkpoint: run with --warmstart 0")
 
     def generation_engine(self, index: int, instances: int) -> VllmEngine:
-        """Instance `index`: vLLM starts inside the engine on first use; it joins the trainer's
-        weight-transfer group now, while the trainer joins as rank 0."""
+        """Instance `index`, started here: it joins the trainer's weight-transfer group (the trainer
+        joins as rank 0) and loads the published version 0, since vLLM starts with dummy weights
+        (the controller syncs only the versions it trains)."""
+        if self.colocated:
+            return self._colocated_engine(index, instances)
         engine = self.unstarted_engine(index, instances)
         self.transfer_group(engine, index)
+        if self.initial is not None:
+            engine.load_weights(self.initial)
+        return engine
+
+    def _colocated_engine(self, index: int, instances: int) -> VllmEngine:
+        """Instance `index` on the trainer's NPUs, started and asleep since the trainer was built
+        (`_start_engines_asleep`). The pool goes to generation first (the controller's first mode),
+        so the trainer offloads; the engine then wakes through its refresh to version 0 (NPU IPC:
+        no group to join, NPUIPCWeightTransferInitInfo has no fields)."""
+        engine = self.engines.get(index) or self.unstarted_engine(index, instances)
+        self._give_pool("gen")
+        engine.connect({})
+        if self.initial is not None:
+            engine.load_weights(self.initial)
         return engine
 
     def unstarted_engine(self, index: int, instances: int) -> VllmEngine:
         """Instance `index` before vLLM starts and before it joins the transfer group: what the Ray
         runtime hands the instance's actor (which joins with `transfer_info`)."""
-        engine = VllmEngine(self.gen_launch, index, self.engine_api(index, instances))
+        engine = VllmEngine(self.gen_launch, index, self.engine_api(index, instances), self.engine_env(index))
         self.engines[index] = engine
         return engine
 
+    def engine_env(self, index: int) -> dict:
+        """Instance `index`'s engine environment from the launch plan (VLLM_ASCEND_ENABLE_NZ=0, HCCL
+        port ranges on shared NPUs); its devices are the runtime's. Colocated engines take the NPU IPC
+        handles through vLLM's collective_rpc, which passes their dtypes and storage classes only
+        pickled (vllm/v1/serial_utils.py: VLLM_ALLOW_INSECURE_SERIALIZATION)."""
+        name = f"{self.gen_stage.name}.{index}.dp0"
+        process = next((p for p in self.launch.processes if p.name == name), None)
+        env = {k: v for k, v in (process.env if process else {}).items() if k != "ASCEND_RT_VISIBLE_DEVICES"}
+        return env | IPC_ENV if self.colocated else env
+
     def trainer(self):
         if self.learner is None:
+            if self.colocated:
+                self._start_engines_asleep()
             self.learner = self.build_trainer()
+            self.holder = "learn" if self.colocated else None
         return self.learner
+
+    def _start_engines_asleep(self) -> None:
+        """The launch plan's start-up order on shared NPUs (startup.py): each colocated engine starts
+        while its NPUs are free (vllm-ascend's free-memory check) and sleeps before the trainer builds."""
+        count = len(self.gen_stage.instances)
+        for index in range(count):
+            self.unstarted_engine(index, count).sleep()
 
     def snapshot(self):
         """Version 0: the weights the trainer loaded from the checkpoint, published for the engines'
         first refresh (they start with dummy weights)."""
-        return self.trainer().publish(0)
+        self.initial = self.trainer().publish(0)
+        return self.initial
 
     def accuracy(self, count: int = 128) -> float:
         raise ValueError("held-out accuracy decodes with the CPU policy; an NPU run reports its training "
                          "metrics only")
 
     def switch_pool(self, pool: str, mode: str) -> None:
-        raise RuntimeError("time-shared pools are refused before an NPU run starts (unsupported)")
+        """The controller hands the time-shared pool over (it switches only when the side that
+        leaves has nothing in flight)."""
+        if mode not in ("gen", "learn"):
+            raise ValueError(f"unknown pool mode '{mode}'")
+        self._give_pool(mode)
+
+    def _give_pool(self, mode: str) -> None:
+        """To training: the engines sleep (KV cache dropped, weights to host memory: the launch
+        plan's sleep level), then the trainer's ranks onload. To generation: the trainer's ranks
+        offload; each engine wakes on its own thread, weights first, at the refresh that follows
+        (or whole, for work without one)."""
+        if self.holder == mode:
+            return
+        if mode == "learn":
+            for index in sorted(self.engines):
+                self.engines[index].sleep()
+            self.trainer().onload()
+        else:
+            self.trainer().offload()
+        self.holder = mode
 
     @staticmethod
     def parts(learner) -> tuple[dict, dict]:
@@ -169,10 +234,9 @@ class AscendExecutors(CpuExecutors):
         """Rank 0 of the megatron job, in this process: MindSpeed's adaptor with the plan's flags, the
         process groups (the job's other ranks start from the launch plan and wait for the settings
         broadcast), the model, and the HCCL sender of the published weights."""
-        from aspc.backends.ascend.executors import hccl_sender
         from aspc.backends.ascend.trainer_actor import (Leader, MegatronTrainer, SyncSetup, broadcast_call,
                                                         import_mindspeed, initialize_parallel, layout_of)
-        from aspc.backends.ascend.weight_sync import TorchCommunicator, WeightSender
+        from aspc.backends.ascend.weight_sync import TorchCommunicator
 
         stage, rank0 = self.train_launch, self._rank0()
         os.environ.update(rank0.env)  # RANK, WORLD_SIZE, MASTER_ADDR/PORT, HCCL_* of rank 0
@@ -180,10 +244,63 @@ class AscendExecutors(CpuExecutors):
         initialize_parallel(stage["config"])
         settings = self._settings()
         broadcast_call(settings)  # the followers' start_rank receives it
-        arch, parallel = layout_of(stage, rank0.world_size)
+        arch, parallel, layout = layout_of(stage, rank0.world_size)
         comm = TorchCommunicator(g for axis in stage["groups"].values() for g in axis)
-        sync = SyncSetup(arch, parallel, comm, WeightSender(hccl_sender(self.groups)))
+        sync = SyncSetup(arch, parallel, comm, self._sender(), colocated=self.colocated, layout=layout)
         return Leader(MegatronTrainer(stage, rank0.model_args, settings, self.reward_fn, sync))
+
+    def _sender(self):
+        """Rank 0's weight sender: HCCL broadcasts to separate pools; on a colocated pool the NPU IPC
+        send that every rank joins (the Leader's broadcast of `send_weights` brings the followers)."""
+        from aspc.backends.ascend.executors import hccl_sender, npu_ipc_sender
+        from aspc.backends.ascend.trainer_actor import CALLS, broadcast_call
+        from aspc.backends.ascend.weight_sync import IpcSender, WeightSender
+
+        if not self.colocated:
+            return WeightSender(hccl_sender(self.groups))
+
+        def followers_join(version: int, instance: int) -> None:
+            broadcast_call(("send_weights", (version, instance)))
+
+        return IpcSender(npu_ipc_sender(), followers_join, CALLS)
 
     def _rank0(self):
         return next(p for p in self.launch.processes if p.stage == self.train_stage.name and p.rank == 0)
+
+
+def colocated_refusals(plan: ExecutionPlan, stage, runtime: str) -> list[StageRefusal]:
+    """What the colocated path (vllm-ascend's NPU IPC engine) cannot run: every engine worker loads
+    the whole model from the trainer rank on its NPU, so each of its NPUs needs a trainer rank, and
+    every rank assembles the whole model on its NPU when it publishes (whole_hf_in_place), which must
+    fit there; the engines and the trainer switch in one process (one engine: several in one process
+    collide on devices)."""
+    found = []
+    if runtime != "local":
+        found.append(StageRefusal(stage.name, f"stage '{stage.name}': colocated engines run on the local runtime "
+                                  "only (the pool switch sleeps the engines in the trainer's process)",
+                                  "run it with --runtime local, or give generation a pool of its own", "placement"))
+    if len(stage.instances) > 1:
+        found.append(StageRefusal(stage.name, f"stage '{stage.name}': {len(stage.instances)} colocated engines would "
+                                  "start in one process, where vLLM numbers every engine's devices from 0",
+                                  "run one instance (instances = 1), or give generation a pool of its own and run "
+                                  "with --runtime ray", "instances"))
+    train = plan.stages_of("train")[0]
+    uncovered = engine_devices(stage) - engine_devices(train) if train.pool == stage.pool else engine_devices(stage)
+    if uncovered:
+        found.append(StageRefusal(stage.name, f"stage '{stage.name}': devices {sorted(uncovered)} of pool "
+                                  f"'{stage.pool}' hold engine workers but no trainer rank to hand them weights "
+                                  "(vllm-ascend's NPU IPC transfer is from the trainer rank on the same NPU)",
+                                  "give the train stage at least as many devices as generation", "placement"))
+    model, hardware = plan.model(stage.model), hardware_table().get(plan.pool(stage.pool).hardware)
+    whole = model.arch.total_params() * DTYPE_BYTES[model.dtype]
+    if hardware is not None and whole > hardware.hbm_gib * GIB:
+        found.append(StageRefusal(stage.name, f"stage '{stage.name}': colocated engines load the whole model, "
+                                  f"which every trainer rank assembles on its NPU ({whole / GIB:.0f} GiB, more than "
+                                  f"one {hardware.name}'s {hardware.hbm_gib:g} GiB); the sharded in-place load "
+                                  "(vLLM's parameter names) is not built",
+                                  "give generation a pool of its own (HCCL transfer)", "placement"))
+    return found
+
+
+def engine_devices(stage) -> set[int]:
+    return {device for instance in stage.instances for device in instance.devices}

@@ -10,12 +10,13 @@ the MindSpeed adaptor imported first, rewards and advantages on the host, one op
 policy version) and verl's megatron actor (packed rows with per-sequence positions)."""
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
 
-from aspc.backends.ascend.reshard import grouped_to_sequential
-from aspc.backends.ascend.weight_sync import gather_hf
+from aspc.backends.ascend.reshard import Layout, grouped_to_sequential
+from aspc.backends.ascend.weight_sync import gather_hf, whole_hf_in_place
 from aspc.backends.cpu.losses import group_advantages, policy_loss
 
 DTYPE_FIELDS = ("params_dtype", "pipeline_dtype")
@@ -142,22 +143,36 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: floa
 
 # ---- the learner ----
 def layout_of(stage: dict, world_size: int):
-    """The model's shape and the job's parallel layout, read back from a launch stage's megatron
-    config (what every rank has), for the weight sync."""
-    from aspc.ir.facts import ModelArch
+    """The model's shape, the job's parallel layout and the trainer's reshard.Layout (pipeline split,
+    router expert bias), read back from a launch stage's megatron config (what every rank has), for
+    the weight sync."""
     from aspc.ir.graph import Parallel
 
-    c, m = stage["config"], stage["model_args"]
-    arch = ModelArch(layers=c["num_layers"], hidden=c["hidden_size"], heads=c["num_attention_heads"],
-                     kv_heads=c["num_query_groups"], head_dim=c.get("kv_channels", 0), ffn=c["ffn_hidden_size"],
-                     vocab=m["vocab_size"], experts=c.get("num_moe_experts") or 0, top_k=c.get("moe_router_topk", 0),
-                     expert_ffn=c.get("moe_ffn_hidden_size") or 0,
-                     dense_layers=list(c.get("moe_layer_freq", [1])).count(0),
-                     tied=m.get("share_embeddings_and_output_weights", False), qkv_bias=c.get("add_qkv_bias", False),
-                     attention="mla" if c.get("multi_latent_attention") else "gqa",
-                     qk_norm=c.get("qk_layernorm", False))
+    c = stage["config"]
     tp, pp, cp = c["tensor_model_parallel_size"], c["pipeline_model_parallel_size"], c["context_parallel_size"]
-    return arch, Parallel(tp=tp, pp=pp, cp=cp, dp=world_size // (tp * pp * cp), ep=c["expert_model_parallel_size"])
+    parallel = Parallel(tp=tp, pp=pp, cp=cp, dp=world_size // (tp * pp * cp), ep=c["expert_model_parallel_size"])
+    return arch_of(stage), parallel, Layout.from_config(c)
+
+
+def arch_of(stage: dict):
+    """The ModelArch that a launch stage's megatron config (TransformerConfig / MLATransformerConfig
+    fields, megatron_args.py) and GPTModel arguments describe."""
+    from aspc.ir.facts import ModelArch
+
+    c, m = stage["config"], stage["model_args"]
+    mla = bool(c.get("multi_latent_attention"))
+    rope = c.get("qk_pos_emb_head_dim", 0) if mla else 0
+    expert_ffn = c.get("moe_ffn_hidden_size") or 0
+    return ModelArch(
+        layers=c["num_layers"], hidden=c["hidden_size"], heads=c["num_attention_heads"], kv_heads=c["num_query_groups"],
+        head_dim=c["qk_head_dim"] + rope if mla else c.get("kv_channels", 0), ffn=c["ffn_hidden_size"],
+        vocab=m["vocab_size"], experts=c.get("num_moe_experts") or 0, top_k=c.get("moe_router_topk", 0),
+        expert_ffn=expert_ffn, shared_experts=(c.get("moe_shared_expert_intermediate_size") or 0) // (expert_ffn or 1),
+        dense_layers=list(c.get("moe_layer_freq", [1])).count(0),
+        tied=m.get("share_embeddings_and_output_weights", False), qkv_bias=c.get("add_qkv_bias", False),
+        attention="mla" if mla else "gqa", qk_norm=c.get("qk_layernorm", False) and not mla,
+        q_lora_rank=(c.get("q_lora_rank") or 0) if mla else 0, kv_lora_rank=c.get("kv_lora_rank", 0) if mla else 0,
+        qk_rope_dim=rope, v_head_dim=c.get("v_head_dim", 0) if mla else 0)
 
 
 @dataclass(frozen=True)
@@ -165,7 +180,9 @@ class SyncSetup:
     arch: object  # aspc.ir.facts.ModelArch of the policy
     parallel: object  # the train stage's aspc.ir.graph.Parallel
     comm: object  # weight_sync.TorchCommunicator over the stage's process groups
-    sender: object = None  # weight_sync.WeightSender, on rank 0 only
+    sender: object = None  # weight_sync.WeightSender on rank 0 (separate pools); an IpcSender on every rank (colocated)
+    colocated: bool = False  # the engines share the trainer's NPUs: every rank publishes the whole model (npu_ipc)
+    layout: object = None  # the trainer's reshard.Layout (layout_of); None refuses MLA models
 
 
 class MegatronTrainer:
@@ -183,6 +200,7 @@ class MegatronTrainer:
         self.optimizer = self._optimizer()
         self.version = 0
         self.stats: list[dict] = []
+        self.offloaded: list = []  # the restore steps of what `offload` moved to host memory
 
     @staticmethod
     def _wrapped(model):
@@ -255,16 +273,34 @@ class MegatronTrainer:
         return self.publish(self.version)
 
     def publish(self, version: int):
-        """Publish the weights as `version` (0: the checkpoint's, before any step)."""
+        """Publish the weights as `version` (0: the checkpoint's, before any step): separate pools
+        assemble them on rank 0 alone, colocated pools on every rank (each feeds the engine worker
+        on its NPU)."""
         local = {k: v for k, v in self.model.module.state_dict().items() if isinstance(v, torch.Tensor)}
         if self.stage["config"].get("moe_grouped_gemm"):
             local = grouped_to_sequential(self.sync.arch, local, self.sync.parallel.ep)
-        tensors = gather_hf(self.sync.arch, local, self.sync.parallel, self.sync.comm)
+        assemble = whole_hf_in_place if self.sync.colocated else gather_hf
+        tensors = assemble(self.sync.arch, local, self.sync.parallel, self.sync.comm, self.sync.layout)
         return self.sync.sender.publish(version, tensors) if self.sync.sender is not None else None
 
+    def offload(self) -> None:
+        """A time-shared pool goes to generation: parameters, gradients and optimizer state to host
+        memory (verl's offload_megatron_model_to_cpu / offload_megatron_optimizer); once."""
+        if self.offloaded:
+            return
+        self.offloaded = offload_model(self.model) + offload_optimizer(self.optimizer, self.model)
+        empty_device_cache()
+
+    def onload(self) -> None:
+        """The pool comes back to the trainer: everything `offload` moved goes back where it was."""
+        for restore in self.offloaded:
+            restore()
+        self.offloaded = []
+
     def send_weights(self, version: int, instance: int) -> None:
-        """Rank 0: broadcast staged version `version` to one instance (an engine's HandleSender asks,
-        weight_sync.py); host-side, so the other ranks take no part."""
+        """Send staged version `version` to one instance. Separate pools: rank 0 alone broadcasts it
+        (an engine's HandleSender asks, weight_sync.py). Colocated pools: every rank, together (rank 0's
+        IpcSender broadcasts this call to the others before its NPU IPC send)."""
         self.sync.sender.wait(self.sync.sender.start(version, instance))
 
     def _logprobs(self, model, rollouts: list) -> dict:
@@ -275,6 +311,77 @@ class MegatronTrainer:
                 logp = token_logprobs(model(mb.input_ids, mb.position_ids, mb.attention_mask), mb.labels)
                 out.update(per_sequence(logp, mb))
             return out
+
+
+# ---- offload and onload for time-shared pools ----
+def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    host = tensor.detach().to("cpu", copy=True)
+    return host.pin_memory() if tensor.device.type != "cpu" else host
+
+
+def offload_buffer(buffer) -> list:
+    """One of megatron DDP's contiguous buffers (`param_data`, `grad_data`; the parameters and
+    their .main_grad are views into them): the parameters to host memory, the device storage
+    released (resized to 0, so the views stay valid); gradients dropped (zero after the optimizer
+    step). Returns the restore step."""
+    params, grads = buffer.param_data, buffer.grad_data
+    host, sizes = _host_copy(params), (params.untyped_storage().size(), grads.untyped_storage().size())
+    params.untyped_storage().resize_(0)
+    grads.untyped_storage().resize_(0)
+
+    def restore() -> None:
+        params.untyped_storage().resize_(sizes[0])
+        params.copy_(host)
+        grads.untyped_storage().resize_(sizes[1])
+        grads.zero_()
+
+    return [restore]
+
+
+def offload_model(ddp) -> list:
+    """Every parameter and gradient buffer of a DDP-wrapped megatron model (dense and expert)."""
+    return [step for buffer in [*ddp.buffers, *ddp.expert_parallel_buffers] for step in offload_buffer(buffer)]
+
+
+def offload_optimizer(optimizer, ddp) -> list:
+    """The fp32 main parameters and Adam state of megatron's optimizer (each chained optimizer's
+    torch optimizer, as megatron-core 0.16's MegatronOptimizer.offload_to_cpu moves them; 0.12.1,
+    MindSpeed's megatron, has no such method), to host memory; model parameters shared with the
+    optimizer (no mixed precision) stay with the model's buffers."""
+    model_params = {id(p) for p in ddp.parameters()}
+    steps = []
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        torch_optimizer = inner.optimizer
+        for group in torch_optimizer.param_groups:
+            steps += [_move_data(p) for p in group["params"] if id(p) not in model_params]
+        for state in torch_optimizer.state.values():
+            steps += [_move_entry(state, key) for key, value in state.items() if isinstance(value, torch.Tensor)]
+    return steps
+
+
+def _move_data(param: torch.Tensor):
+    device, param.data = param.device, _host_copy(param.data)
+
+    def restore() -> None:
+        param.data = param.data.to(device)
+
+    return restore
+
+
+def _move_entry(state: dict, key: str):
+    device, state[key] = state[key].device, _host_copy(state[key])
+
+    def restore() -> None:
+        state[key] = state[key].to(device)
+
+    return restore
+
+
+def empty_device_cache() -> None:
+    """Give freed device memory back (torch_npu's caching allocator keeps it otherwise)."""
+    npu = getattr(torch, "npu", None)
+    if npu is not None and npu.is_available():
+        npu.empty_cache()
 
 
 def per_sequence(logp: torch.Tensor, mb: MicroBatch) -> dict:
@@ -295,7 +402,11 @@ def compile_forward(model, compiler: dict):
 
 
 # ---- one job, many ranks: rank 0 leads, the others follow ----
-MODEL_CALLS = ("reference", "values", "train", "optimizer_step", "snapshot", "publish")  # every rank must run these
+# every rank must run these (offload/onload: each rank moves its own share)
+MODEL_CALLS = ("reference", "values", "train", "optimizer_step", "snapshot", "publish", "offload", "onload")
+# a model call's broadcast and its collectives in one piece: colocated weight sends (weight_sync.IpcSender)
+# broadcast from another thread of rank 0
+CALLS = threading.RLock()
 
 
 class Leader:
@@ -311,8 +422,9 @@ class Leader:
             return getattr(self.trainer, name)
 
         def call(*args):
-            self.broadcast((name, args))
-            return getattr(self.trainer, name)(*args)
+            with CALLS:
+                self.broadcast((name, args))
+                return getattr(self.trainer, name)(*args)
 
         return call
 

@@ -10,11 +10,21 @@ runs on one rank (SPMD) and moves tensors only through a `Communicator`: `TorchC
   expert-parallel group and each inference rank keeps its share (vLLM's expert parallelism over
   the engine's tensor-parallel ranks: `enable_expert_parallel`), so experts come from every
   expert-parallel rank, not from data-parallel rank 0 alone.
+- `whole_hf_in_place` + `IpcSender` — colocated pools as vllm-ascend 0.23.0 moves them: its NPU IPC
+  engine (`weight_transfer_config={"backend": "npu_ipc"}`,
+  vllm_ascend/distributed/weight_transfer/npu_ipc_engine.py) has every trainer rank share its
+  tensors' device memory with the engine worker on the same NPU, which loads them in checkpoint
+  (Hugging Face) format. So every rank holds the whole model: `reshard_in_place` with an inference
+  tensor-parallel size of 1, then Hugging Face names.
 - `gather_hf` + `send_hf` / `receive_hf` — separate pools, as vllm-ascend's HCCL weight transfer
   does it (vllm_ascend/distributed/weight_transfer/hccl_engine.py): trainer rank 0 assembles full
   Hugging Face-named tensors (tensor all-gather, expert all-gather, pipeline broadcast, as verl's
   megatron per-tensor generator does) and broadcasts them one by one to every engine worker, which
-  knows their names, dtypes and shapes from `update_info` (`HCCLWeightTransferUpdateInfo`)."""
+  knows their names, dtypes and shapes from `update_info` (`HCCLWeightTransferUpdateInfo`).
+
+Each takes the trainer's `reshard.Layout` (`Layout.from_config` of its TransformerConfig: uneven pipeline
+split, router expert bias); without one, MLA models are refused. The engine's cuts are
+`reshard.engine_params` (vLLM replicates MLA's down projections, which the trainer cuts)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
@@ -55,32 +65,36 @@ def coords_of(par: Parallel, rank: int) -> dict[str, int]:
 
 
 # ---- colocated: MindSpeed-RL's in-place resharding ----
-def reshard_in_place(arch: ModelArch, local: dict, train: Parallel, infer_tp: int, comm: Communicator) -> dict:
+def reshard_in_place(arch: ModelArch, local: dict, train: Parallel, infer_tp: int, comm: Communicator,
+                     layout: reshard.Layout | None = None) -> dict:
     """This rank's inference weights (megatron names, global layer and expert numbers): its
     inference tensor-parallel shard (rank % infer_tp) of every parameter, and of the experts the
-    share of inference rank rank % infer_tp. `local`: this rank's megatron state dict."""
-    _check_in_place(arch, train, infer_tp)
+    share of inference rank rank % infer_tp. `local`: this rank's megatron state dict; `layout`: the
+    trainer's (reshard.Layout.from_config)."""
+    _check_in_place(arch, train, infer_tp, layout)
+    layout = layout or reshard.PLAIN
     groups, coords = my_groups(train, comm.rank), coords_of(train, comm.rank)
+    cuts, engine_cuts = reshard.full_params(arch, layout), reshard.engine_params(arch, layout)
     infer_rank = comm.rank % infer_tp
     mine = {}
     for name in sorted(local):  # the same order on every rank of a stage: collectives pair up
-        full_name = reshard.global_name(arch, name, coords["pp"], train.pp, coords["ep"], train.ep)
-        for gname, tensor in _gathered(arch, full_name, local[name], train, groups, comm):
-            mine[gname] = _inference_shard(arch, gname, tensor, infer_tp, infer_rank)
-    return _broadcast_stages(arch, mine, train, groups["pp"], infer_tp, infer_rank, comm)
+        full_name = reshard.global_name(arch, name, coords["pp"], train.pp, coords["ep"], train.ep, layout)
+        for gname, tensor in _gathered(arch, cuts[full_name], full_name, local[name], train, groups, comm):
+            mine[gname] = _inference_shard(arch, engine_cuts[gname], gname, tensor, infer_tp, infer_rank)
+    shapes = inference_shapes(arch, infer_tp, infer_rank, layout)
+    return _broadcast_stages(arch, mine, shapes, train, groups["pp"], layout, comm)
 
 
-def _check_in_place(arch: ModelArch, train: Parallel, infer_tp: int) -> None:
-    reshard.check_supported(arch, max(train.tp, infer_tp), train.pp, max(train.ep, infer_tp))
+def _check_in_place(arch: ModelArch, train: Parallel, infer_tp: int, layout: reshard.Layout | None) -> None:
+    reshard.check_supported(arch, max(train.tp, infer_tp), train.pp, max(train.ep, infer_tp), layout)
     if (train.tp * train.dp * train.cp) % infer_tp:
         raise reshard.LayoutError(f"inference tensor-parallel size {infer_tp} must divide the ranks of a pipeline "
                                   f"stage ({train.tp * train.dp * train.cp}), as MindSpeed-RL requires")
 
 
-def _gathered(arch, name, tensor, train: Parallel, groups, comm) -> list[tuple[str, torch.Tensor]]:
-    """A parameter made whole: tensor all-gather, then for an expert the same local expert of every
-    expert-parallel rank (each (global name, full tensor))."""
-    cut = reshard.full_params(arch)[name]
+def _gathered(arch, cut: reshard.Cut, name, tensor, train: Parallel, groups, comm) -> list[tuple[str, torch.Tensor]]:
+    """A parameter made whole: tensor all-gather (`cut`: how the trainer cuts it), then for an expert
+    the same local expert of every expert-parallel rank (each (global name, full tensor))."""
     full = reshard.merge(comm.all_gather(tensor, groups["tp"]), cut) if cut.dim is not None else tensor
     if reshard.expert_of(name) is None or train.ep == 1:
         return [(name, full)]
@@ -98,32 +112,32 @@ def _renumber_expert(name: str, expert: int) -> str:
     return ".".join(parts)
 
 
-def _inference_shard(arch, name, full, infer_tp: int, infer_rank: int) -> torch.Tensor | None:
-    """What inference rank `infer_rank` keeps: its tensor-parallel cut; an expert whole on the one
-    rank that serves it (None elsewhere)."""
+def _inference_shard(arch, cut: reshard.Cut, name, full, infer_tp: int, infer_rank: int) -> torch.Tensor | None:
+    """What inference rank `infer_rank` keeps: its tensor-parallel cut (`cut`: the engine's,
+    reshard.engine_params); an expert whole on the one rank that serves it (None elsewhere)."""
     expert = reshard.expert_of(name)
     if expert is None:
-        return reshard.split(full, reshard.full_params(arch)[name], infer_tp)[infer_rank]
+        return reshard.split(full, cut, infer_tp)[infer_rank]
     return full if expert // (arch.experts // infer_tp) == infer_rank else None
 
 
-def _broadcast_stages(arch, mine: dict, train: Parallel, pp_group, infer_tp, infer_rank, comm) -> dict:
+def _broadcast_stages(arch, mine: dict, shapes: dict, train: Parallel, pp_group, layout, comm) -> dict:
     """Every stage's resharded parameters to every rank of the pipeline group (all of them share
-    one inference rank, `_check_in_place`): receivers allocate from the known shapes."""
-    shapes = inference_shapes(arch, infer_tp, infer_rank)
+    one inference rank, `_check_in_place`): receivers allocate from the known `shapes`."""
     out = {k: v for k, v in mine.items() if v is not None}
     for stage, src in enumerate(pp_group):
-        for name in sorted(n for n in shapes if reshard.stage_of(arch, n, train.pp) == stage):
+        for name in sorted(n for n in shapes if reshard.stage_of(arch, n, train.pp, layout) == stage):
             buffer = out[name] if comm.rank == src else torch.empty(shapes[name], dtype=_dtype(mine))
             out[name] = comm.broadcast(buffer, src, pp_group)
     return out
 
 
-def inference_shapes(arch: ModelArch, infer_tp: int, infer_rank: int) -> dict[str, tuple[int, ...]]:
+def inference_shapes(arch: ModelArch, infer_tp: int, infer_rank: int,
+                     layout: reshard.Layout = reshard.PLAIN) -> dict[str, tuple[int, ...]]:
     """The shapes of what inference rank `infer_rank` holds (meta tensors: nothing allocated)."""
-    out = {}
-    for name, shape in reshard.full_shapes(arch).items():
-        shard = _inference_shard(arch, name, torch.empty(shape, device="meta"), infer_tp, infer_rank)
+    out, cuts = {}, reshard.engine_params(arch, layout)
+    for name, shape in reshard.full_shapes(arch, layout).items():
+        shard = _inference_shard(arch, cuts[name], name, torch.empty(shape, device="meta"), infer_tp, infer_rank)
         if shard is not None:
             out[name] = tuple(shard.shape)
     return out
@@ -133,24 +147,33 @@ def _dtype(tensors: dict) -> torch.dtype:
     return next(t.dtype for t in tensors.values() if t is not None)
 
 
+def whole_hf_in_place(arch: ModelArch, local: dict, train: Parallel, comm: Communicator,
+                      layout: reshard.Layout | None = None) -> dict[str, torch.Tensor]:
+    """The whole model as Hugging Face tensors on every rank (colocated pools: the engine worker
+    on each rank's NPU loads all of it in checkpoint format); every rank must call it."""
+    return reshard.to_hf(arch, reshard_in_place(arch, local, train, 1, comm, layout), layout or reshard.PLAIN)
+
+
 # ---- separate pools: vllm-ascend's HCCL weight transfer ----
-def gather_hf(arch: ModelArch, local: dict, train: Parallel, comm: Communicator) -> dict[str, torch.Tensor]:
+def gather_hf(arch: ModelArch, local: dict, train: Parallel, comm: Communicator,
+              layout: reshard.Layout | None = None) -> dict[str, torch.Tensor]:
     """Full Hugging Face-named tensors on trainer rank 0 (an empty dict on every other rank; all
-    ranks must call it, they take part in the collectives)."""
-    reshard.check_supported(arch, train.tp, train.pp, train.ep)
+    ranks must call it, they take part in the collectives). `layout`: the trainer's."""
+    reshard.check_supported(arch, train.tp, train.pp, train.ep, layout)
+    layout = layout or reshard.PLAIN
     groups, coords = my_groups(train, comm.rank), coords_of(train, comm.rank)
-    whole = {}
+    cuts, whole = reshard.full_params(arch, layout), {}
     for name in sorted(local):
-        full_name = reshard.global_name(arch, name, coords["pp"], train.pp, coords["ep"], train.ep)
-        whole.update(_gathered(arch, full_name, local[name], train, groups, comm))
+        full_name = reshard.global_name(arch, name, coords["pp"], train.pp, coords["ep"], train.ep, layout)
+        whole.update(_gathered(arch, cuts[full_name], full_name, local[name], train, groups, comm))
     if 0 not in groups["pp"]:  # only rank 0's pipeline group assembles the model
         return {}
-    shapes = reshard.full_shapes(arch)
+    shapes = reshard.full_shapes(arch, layout)
     for stage, src in enumerate(groups["pp"]):
-        for name in sorted(n for n in shapes if reshard.stage_of(arch, n, train.pp) == stage):
+        for name in sorted(n for n in shapes if reshard.stage_of(arch, n, train.pp, layout) == stage):
             buffer = whole[name] if comm.rank == src else torch.empty(shapes[name], dtype=_dtype(whole))
             whole[name] = comm.broadcast(buffer, src, groups["pp"])
-    return reshard.to_hf(arch, whole) if comm.rank == 0 else {}
+    return reshard.to_hf(arch, whole, layout) if comm.rank == 0 else {}
 
 
 def update_info(tensors: dict[str, torch.Tensor]) -> dict:
@@ -202,6 +225,30 @@ class TorchCommunicator:
         return tensor
 
 
+class StagedVersions:
+    """Published versions' tensors, copied to the host (the NPU keeps its memory for training), the
+    newest `keep` of them (the staleness bound says how many an instance may still ask for)."""
+
+    def __init__(self, keep: int):
+        import threading
+
+        self.keep, self.lock, self.versions = keep, threading.Lock(), {}
+
+    def publish(self, version: int, tensors: dict, sender):
+        from aspc.backends.ascend.engine_actor import PublishedWeights
+
+        staged = {name: t.detach().to("cpu", copy=True) for name, t in tensors.items()}
+        with self.lock:
+            self.versions[version] = staged
+            for old in sorted(self.versions)[:-self.keep]:
+                del self.versions[old]
+        return PublishedWeights(version, update_info(staged), sender)
+
+    def get(self, version: int) -> dict:
+        with self.lock:
+            return self.versions[version]
+
+
 class WeightSender:
     """Trainer rank 0's side of the weight refresh for separate pools: each published version's
     Hugging Face tensors are staged (on the host, so the NPU keeps its memory for training) and
@@ -214,23 +261,14 @@ class WeightSender:
     def __init__(self, send: Callable[[dict, int], None], keep: int = 2):
         import threading
 
-        self.send, self.keep, self.threading = send, keep, threading
-        self.staged: dict[int, dict] = {}
-        self.lock = threading.Lock()
+        self.send, self.threading = send, threading
+        self.staged = StagedVersions(keep)
 
     def publish(self, version: int, tensors: dict):
-        from aspc.backends.ascend.engine_actor import PublishedWeights
-
-        staged = {name: t.detach().to("cpu", copy=True) for name, t in tensors.items()}
-        with self.lock:
-            self.staged[version] = staged
-            for old in sorted(self.staged)[:-self.keep]:
-                del self.staged[old]
-        return PublishedWeights(version, update_info(staged), self)
+        return self.staged.publish(version, tensors, self)
 
     def start(self, version: int, instance: int):
-        with self.lock:
-            tensors = self.staged[version]
+        tensors = self.staged.get(version)
         errors: list = []
 
         def run():
@@ -286,3 +324,86 @@ def _current_actor():
     if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
         return None
     return ray.get_runtime_context().current_actor
+
+
+class IpcSender:
+    """A trainer rank's side of the weight refresh for colocated pools. Every rank stages its
+    whole-model tensors on the host when a version is published (the NPU goes back to the
+    trainer's offloaded state and the engines' weights); at an instance's refresh every rank calls
+    `send(tensors, deliver)` together, on an NPU NPUIPCWeightTransferEngine.trainer_send_weights
+    in packed mode (executors.npu_ipc_sender): chunks pass through one reused IPC buffer per NPU,
+    and rank 0 calls `deliver(update_info)` per chunk. `deliver` hands the chunk to the engine's
+    thread (`updates`, which calls the engine's `update_weights`) and returns once it is loaded:
+    the buffer is refilled only then. `before_send(version, instance)` (rank 0) makes the other
+    ranks join the send (the Leader's broadcast); `lock` keeps that broadcast and the collectives
+    of the send in one piece against the learner's own calls."""
+
+    def __init__(self, send: Callable[[dict, Callable], None], before_send=None, lock=None, keep: int = 2):
+        import threading
+
+        self.send, self.before_send, self.threading = send, before_send, threading
+        self.lock, self.staged = lock or threading.Lock(), StagedVersions(keep)
+
+    def publish(self, version: int, tensors: dict):
+        return self.staged.publish(version, tensors, self)
+
+    def start(self, version: int, instance: int):
+        import queue
+
+        tensors = self.staged.get(version)
+        pending = Delivery(queue.Queue(), [], self.threading.Event())
+
+        def run():
+            try:
+                with self.lock:
+                    if self.before_send is not None:
+                        self.before_send(version, instance)
+                    self.send(tensors, pending.deliver)
+            except Exception as error:  # re-raised on the engine's side by wait()
+                pending.errors.append(error)
+            finally:
+                pending.chunks.put(None)
+
+        pending.thread = self.threading.Thread(target=run, name=f"ipc-v{version}-to-{instance}", daemon=True)
+        pending.thread.start()
+        return pending
+
+    @staticmethod
+    def updates(pending: Delivery) -> Iterator[dict]:
+        """The engine's side: each chunk's update_info as rank 0 delivers it, until the send ends."""
+        while (item := pending.chunks.get()) is not None:
+            info, loaded = item
+            try:
+                yield info
+            except GeneratorExit:
+                pending.abandoned.set()
+                raise
+            finally:
+                loaded.set()
+
+    @staticmethod
+    def wait(pending: Delivery) -> None:
+        pending.abandoned.set()  # a chunk nobody takes any more fails the send instead of blocking it
+        pending.thread.join()
+        if pending.errors:
+            raise pending.errors[0]
+
+
+class Delivery:
+    """One refresh in flight between trainer rank 0's send thread and the engine's thread."""
+
+    def __init__(self, chunks, errors: list, abandoned):
+        self.chunks, self.errors, self.abandoned, self.thread = chunks, errors, abandoned, None
+
+    def deliver(self, info) -> None:
+        """rank 0's `send_mode`: hand one chunk over and wait until the engine has loaded it."""
+        import dataclasses
+        import threading
+
+        if self.abandoned.is_set():
+            raise RuntimeError("the engine stopped taking weight chunks in the middle of a refresh")
+        loaded = threading.Event()
+        self.chunks.put((dataclasses.asdict(info) if dataclasses.is_dataclass(info) else dict(info), loaded))
+        while not loaded.wait(0.1):
+            if self.abandoned.is_set():
+                raise RuntimeError("the engine stopped taking weight chunks in the middle of a refresh")

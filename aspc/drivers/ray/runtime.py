@@ -3,20 +3,23 @@ generation instance and the learner in a Ray actor. Data and weights move throug
 store. A generation actor that dies is detected, its work re-queued by the controller and the
 actor restarted; one that keeps dying ends the run with a clear message. A learner that cannot
 leave its process (the Ascend backend's megatron rank 0: `learner_in_actor`) is built inside its
-actor, which also publishes version 0 and joins each engine's weight-transfer group."""
+actor (learner_actor.py), pinned to rank 0's node (placement.py), which also publishes version 0
+and joins each engine's weight-transfer group; an engine or learner actor that dies while they
+join ends the run at once, naming the instance."""
 from __future__ import annotations
 
-import dataclasses
-
 import copy
+import dataclasses
+import time
 
-from aspc.ir.facts import hardware_table
 from aspc.controller.config import UnsupportedPlan
 from aspc.drivers.local.runtime import LocalRuntime
 from aspc.drivers.local.workers import InstanceLost, WorkerFailed
+from aspc.drivers.ray.placement import device_bundles, missing_devices, rank0_node
 
 MAX_RESTARTS = 3
 JOIN_TIMEOUT_S = 600  # an engine's actor and the learner's meeting in its weight-transfer group
+PLACEMENT_TIMEOUT_S = 60  # for the cluster to reserve the actors' bundles
 CPU_SHARE = 0.25  # a CPU actor's share of a core: the tiny models leave room for several per core
 
 
@@ -42,6 +45,18 @@ def start_ray(address: str | None):
     return ray
 
 
+def missing_cluster_devices(plan, address: str | None) -> str | None:
+    """Why the Ray cluster (at `address`, else a local one) cannot hold the run's actors, or None:
+    with Ray the NPUs are the cluster's, not those of the host the driver runs on."""
+    try:
+        ray = start_ray(address)
+    except RayUnavailable as error:
+        return str(error)
+    except ConnectionError as error:
+        return f"cannot join the Ray cluster at {address}: {error}"
+    return missing_devices(ray, plan)
+
+
 class _GeneratorActor:
     """Inside a Ray worker: one generation instance (the CPU backend's generator, or an engine that
     first joins the learner's weight-transfer group: `transfer`)."""
@@ -49,7 +64,7 @@ class _GeneratorActor:
     def __init__(self, generator, state, set_threads, transfer=None):
         set_threads(1)  # a CPU actor holds a fraction of a core (CPU_SHARE): one thread, not one per core
         self.generator = generator
-        if transfer is not None:  # the learner actor joins the same group meanwhile (_ActorBuiltLearner)
+        if transfer is not None:  # the learner actor joins the same group meanwhile (ActorBuiltLearner)
             self.generator.connect(transfer)
         self.generator.load_weights(state)
 
@@ -100,53 +115,6 @@ class RemoteGenerator:
             raise InstanceLost(str(error)) from None
 
 
-class _LearnerActor:
-    """Inside a Ray worker: the learner, keeping each sample's rollout between its stages."""
-
-    def __init__(self, learner, set_threads):
-        set_threads(1)
-        self.learner, self.rollouts = learner, {}
-
-    def run(self, method, rollouts):
-        kept = [self.rollouts.setdefault(r.key, r) for r in rollouts]
-        getattr(self.learner, method)(kept)
-        if method == "train":
-            for r in kept:
-                self.rollouts.pop(r.key, None)
-
-    def optimizer_step(self):
-        return self.learner.optimizer_step()
-
-    def send_weights(self, version, instance):
-        """An engine's refresh asks the learner to send it a published version (backends whose
-        published weights stay with the learner: the Ascend backend's HandleSender)."""
-        return self.learner.send_weights(version, instance)
-
-    def snapshot(self):
-        return self.learner.snapshot()
-
-    def parts(self):
-        l = self.learner
-        return ({"actor": l.actor, "reference": l.ref, "critic": l.critic},
-                {"actor": l.optimizer, "critic": l.critic_optimizer})
-
-
-class _ActorBuiltLearner(_LearnerActor):
-    """A learner that cannot leave its process (executors' `learner_in_actor`: megatron's rank 0 on
-    an NPU, with its process groups and weight sender): built in this actor from the executors, which
-    publish version 0 here and join each engine's weight-transfer group from here."""
-
-    def __init__(self, executors):
-        self.executors = executors
-        super().__init__(executors.trainer(), executors.set_threads)
-
-    def initial_weights(self):
-        return self.executors.snapshot()
-
-    def join_transfer_group(self, index: int) -> None:
-        self.executors.join_trainer_side(index)
-
-
 class _LearnerInActor:
     """The executors as the local runtime's build sees them when the learner lives in an actor:
     its trainer is the actor, version 0 comes from there, and engines are handed over unstarted
@@ -173,7 +141,11 @@ class RemoteLearner:
         self.ray, self.actor = ray, actor
 
     def initial_weights(self):
-        return self.ray.get(self.actor.initial_weights.remote())
+        """Version 0, published where the learner was built; its actor failing to build ends the run."""
+        try:
+            return self.ray.get(self.actor.initial_weights.remote())
+        except self.ray.exceptions.RayError as error:
+            raise WorkerFailed(f"the learner's actor failed while building the trainer: {cause(error)}") from None
 
     def __getattr__(self, method):
         if method in ("reward", "reference", "values", "train"):
@@ -190,6 +162,12 @@ class RemoteLearner:
         return self.ray.get(self.actor.parts.remote())
 
 
+def cause(error) -> str:
+    """A Ray error's last line: the exception raised in the actor (its traceback precedes it)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__
+
+
 class RayRuntime(LocalRuntime):
     def __init__(self, plan, base_dir, options, executors, address: str | None = None):
         options = dataclasses.replace(options, workers="threads")  # its actors are the processes
@@ -199,9 +177,11 @@ class RayRuntime(LocalRuntime):
                                   "run with --runtime local, or remove filter_groups")
         self.ray = start_ray(address)
         self.restarts: dict[int, int] = {}
-        self._joins: dict = {}  # instance -> the learner actor's pending join of its transfer group
+        self._joins: dict = {}  # instance -> (the learner's pending join of its transfer group, its actor's start)
 
     def build(self) -> None:
+        from aspc.drivers.ray.learner_actor import LearnerActor
+
         in_actor = getattr(self.executors, "learner_in_actor", False)
         if in_actor:
             self._learner_in_actor()
@@ -216,35 +196,49 @@ class RayRuntime(LocalRuntime):
             worker.generator = self._remote_generator(worker.index, wait=False)
         self._joined()
         if not in_actor:
+            learner_class = self._learner_class(LearnerActor)
             learner_options = self._bundle(self.config.instances)
-            learner_actor = ray.remote(_LearnerActor).options(**learner_options).remote(self.learner,
-                                                                                        self.executors.set_threads)
+            learner_actor = learner_class.options(**learner_options).remote(self.learner, self.executors.set_threads)
             self.learner_worker.learner = RemoteLearner(ray, learner_actor)
 
     def _learner_in_actor(self) -> None:
-        """The learner actor, on its bundle, builds the learner itself (_ActorBuiltLearner); the
-        local runtime's build then reaches it through _LearnerInActor."""
-        self.placement = self._placement_group()
+        """The learner actor, on its bundle on rank 0's node, builds the learner itself
+        (ActorBuiltLearner); the local runtime's build then reaches it through _LearnerInActor.
+        Rank 0's node is where its transfer groups' `master_address` points (MASTER_ADDR)."""
+        from aspc.drivers.ray.learner_actor import ActorBuiltLearner
+
+        self.placement = self._placement_group(rank0_node(self.ray, self.executors.transfer_info(0)["master_address"]))
         options = self._bundle(self.config.instances)
-        actor = self.ray.remote(_ActorBuiltLearner).options(**options).remote(self.executors)
+        actor = self._learner_class(ActorBuiltLearner).options(**options).remote(self.executors)
         self.executors = _LearnerInActor(self.executors, RemoteLearner(self.ray, actor))
 
-    def _placement_group(self):
-        """One bundle per generation instance and one for the learner, packed onto one node:
-        `NPU` bundles of an instance's devices on Ascend pools, a share of a CPU here."""
-        from ray.util.placement_group import placement_group
+    def _learner_class(self, cls):
+        from aspc.drivers.ray.learner_actor import remote_learner_class
 
-        pool = self.plan.pool(self.gen_stage.pool)
-        per_instance = self.gen_stage.parallel.devices
-        kind = hardware_table()[pool.hardware].ray_resource  # NPU on Ascend pools, from aspc/data/hardware.toml
-        # an accelerator bundle also holds the actor's share of a CPU; the learner's is its rank 0's device
-        # (the other ranks of a megatron job start from the launch plan, aspc/backends/ascend/executors.py)
-        instances = self.config.instances
-        self.devices = [{kind: per_instance} for _ in range(instances)] + [{kind: 1}] if kind != "CPU" else []
+        return remote_learner_class(cls, self.config.instances)
+
+    def _placement_group(self, learner_node: dict | None = None):
+        """One bundle per generation instance, then the learner's (`learner_node`: the resource that
+        pins it to rank 0's node): `NPU` bundles of an instance's devices on Ascend pools, each with
+        an actor's share of a CPU; on a CPU pool shares of a CPU, packed onto one node."""
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        kind, self.devices = device_bundles(self.plan)
         bundles = [{"CPU": CPU_SHARE, **devices} for devices in self.devices] or \
-            [{"CPU": CPU_SHARE} for _ in range(instances + 1)]
-        group = placement_group(bundles, strategy="STRICT_PACK" if per_instance <= 8 else "PACK")
-        self.ray.get(group.ready(), timeout=60)
+            [{"CPU": CPU_SHARE} for _ in range(self.config.instances + 1)]
+        bundles[-1].update(learner_node or {})
+        if self.devices:  # the learner's actor holds its share of the node resource too: it runs on that bundle
+            self.devices[-1].update(learner_node or {})
+        # accelerator bundles go wherever each fits (one bundle never spans nodes); the rollout pool's
+        # and rank 0's devices are on different nodes in the launch plan (backends/ascend/topology.py)
+        group = placement_group(bundles, strategy="STRICT_PACK" if kind == "CPU" else "PACK")
+        try:
+            self.ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        except self.ray.exceptions.GetTimeoutError:
+            remove_placement_group(group)
+            raise UnsupportedPlan(f"the Ray cluster did not reserve the run's actors in {PLACEMENT_TIMEOUT_S} s "
+                                  f"(bundles {bundles}; the cluster has {self.ray.cluster_resources()}, free "
+                                  f"{self.ray.available_resources()}): free or add the devices") from None
         return group
 
     def _bundle(self, index: int) -> dict:
@@ -265,24 +259,40 @@ class RayRuntime(LocalRuntime):
         transfer = None
         if isinstance(self.executors, _LearnerInActor):
             transfer = self.executors.transfer_info(index)
-            self._joins[index] = self.learner.actor.join_transfer_group.remote(index)
+            joining = self.learner.actor.join_transfer_group.remote(index)
         actor = self._gen_actor.options(**self._bundle(index)).remote(self._templates[index],
                                                                       self.ray.put(self.weights[version]),
                                                                       self.executors.set_threads, transfer)
+        if transfer is not None:
+            self._joins[index] = (joining, actor.pid.remote())  # pid: answered once the actor has started
         if wait:
             self._joined()
         return RemoteGenerator(self.ray, actor)
 
     def _joined(self) -> None:
-        """Wait until the learner has joined the transfer groups asked for (the learner's actor joins
-        one group at a time, each when its engine's actor joins)."""
-        while self._joins:
-            index, joined = self._joins.popitem()
+        """Wait until each engine actor asked for has started (joined its transfer group, loaded
+        its weights) and the learner has joined the same group (one group at a time, each when its
+        engine's actor joins). Whichever side fails first ends the run, naming the instance: an
+        engine that dies in its join would otherwise leave the learner blocked in it until HCCL's
+        own timeout."""
+        sides = {}
+        for index, (joining, started) in self._joins.items():
+            sides[joining] = (index, "the learner's side")
+            sides[started] = (index, f"generation instance {index}'s actor")
+        self._joins = {}
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        while sides:
+            done, _ = self.ray.wait(list(sides), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not done:
+                waiting = sorted({index for index, _ in sides.values()})
+                raise WorkerFailed(f"generation instances {waiting} did not join their weight-transfer groups with "
+                                   f"the learner in {JOIN_TIMEOUT_S} s")
+            index, side = sides.pop(done[0])
             try:
-                self.ray.get(joined, timeout=JOIN_TIMEOUT_S)
-            except (self.ray.exceptions.RayError, TimeoutError) as error:
-                raise WorkerFailed(f"the learner did not join generation instance {index}'s weight-transfer "
-                                   f"group: {error}") from None
+                self.ray.get(done[0])
+            except self.ray.exceptions.RayError as error:
+                raise WorkerFailed(f"generation instance {index} did not join its weight-transfer group with the "
+                                   f"learner: {side} failed: {cause(error)}") from None
 
     def _stop(self, drain: bool = False) -> None:
         """Stop the worker threads, then free the actors and the placement group (once)."""
