@@ -211,9 +211,10 @@ class Generation:
         del self.inflight[sample]
         inst = self.instances[instance]
         inst.inflight_work -= inst.inflight.pop(sample)
-        lengths = self.history.get(sample[:2])
+        group = sample[:2]
+        lengths = self.history.get(group)
         if lengths is None:
-            self.history[sample[:2]] = [length]
+            self.history[group] = [length]
         else:
             lengths.append(length)
         self.finished_lengths += length
