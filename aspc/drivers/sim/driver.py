@@ -62,6 +62,26 @@ class ExecutorState:
     lent: int = 0  # devices of generation instances lent to it (runtime rebalancing)
 
 
+class StepLengths:
+    """(prompt lengths, response lengths) of each step's samples, drawn once. The controller reads
+    prompt lengths from it, not from the simulation: a callback bound to the simulation made a
+    reference cycle, and the simulation's hundreds of thousands of records waited for the cyclic
+    collector instead of being freed when it ended."""
+
+    def __init__(self, data, prompts_drawn: int):
+        self.data, self.prompts_drawn = data, prompts_drawn
+        self.drawn: dict[int, tuple[list[int], list[int]]] = {}
+
+    def step(self, step: int) -> tuple[list[int], list[int]]:
+        lengths = self.drawn.get(step)
+        if lengths is None:
+            lengths = self.drawn[step] = step_lengths(self.data, step, prompts_drawn=self.prompts_drawn)
+        return lengths
+
+    def prompt_len(self, step: int, prompt: int) -> int:
+        return self.step(step)[0][prompt]
+
+
 class Simulation:
     def __init__(self, plan: ExecutionPlan, steps: int, pricing: Pricing, progress=None):
         self.plan, self.steps, self.pricing, self.progress = plan, steps, pricing, progress
@@ -70,9 +90,10 @@ class Simulation:
         self.gen_stage = plan.stages_of("generate")[0]
         self.train_stage = plan.stages_of("train")[0]
         self.data = plan.dataset(self.gen_stage.data)
-        self._lengths: dict[int, tuple[list[int], list[int]]] = {}  # step -> step_lengths(...)
+        self.workload = StepLengths(self.data, self.config.prompt_stride)
+        self._lengths = self.workload.drawn  # step -> (prompt lengths, response lengths)
         self._rewards: dict[tuple[int, int], list[float]] = {}
-        self.controller = Controller(self.config, self.prompt_len)
+        self.controller = Controller(self.config, self.workload.prompt_len)
         self.now = 0.0
         self.heap: list = []
         self.seq = itertools.count()
@@ -99,14 +120,10 @@ class Simulation:
 
     # ---- the workload ----
     def _step(self, step: int) -> tuple[list[int], list[int]]:
-        """(prompt lengths, response lengths) of the step's samples, drawn once."""
-        lengths = self._lengths.get(step)
-        if lengths is None:
-            lengths = self._lengths[step] = step_lengths(self.data, step, prompts_drawn=self.config.prompt_stride)
-        return lengths
+        return self.workload.step(step)
 
     def prompt_len(self, step: int, prompt: int) -> int:
-        return self._step(step)[0][prompt]
+        return self.workload.prompt_len(step, prompt)
 
     def response_len(self, sample) -> int:
         """The response length drawn for the sample (an episode's first turn is drawn from it)."""
