@@ -2,6 +2,7 @@
 never a traceback, a hang or lost data (issue 10). Interruptions: tests/test_chaos.py."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -103,23 +104,48 @@ def test_a_torn_last_line_is_skipped_and_the_next_row_starts_a_line(tmp_path):
 
 # ---- resume ----
 
-def test_resuming_a_complete_run_says_so_and_exits_0_without_hanging(tmp_path):
+@pytest.fixture(scope="module")
+def four_steps(tmp_path_factory):
+    """One run of 4 steps with a checkpoint after each, made once: each test damages a copy."""
+    folder = tmp_path_factory.mktemp("four_steps")
+    old = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        from click.testing import CliRunner
+
+        from aspc.cli.main import main
+
+        result = CliRunner().invoke(main, ["run", str(TINY), "--steps", "4", "--warmstart", "0", "--metrics",
+                                           str(folder / "m.jsonl"), "--checkpoint", str(folder / "ck"),
+                                           "--checkpoint-every", "1"], catch_exceptions=False)
+    finally:
+        os.chdir(old)
+    assert result.exit_code == 0, result.output
+    return folder
+
+
+@pytest.fixture
+def copied(four_steps, tmp_path):
+    """tmp_path holds a copy of the 4-step run's checkpoints (ck/) and metrics (m.jsonl)."""
+    shutil.copytree(four_steps / "ck", tmp_path / "ck")
+    shutil.copy(four_steps / "m.jsonl", tmp_path / "m.jsonl")
+    return tmp_path
+
+
+def test_resuming_a_complete_run_says_so_and_exits_0_without_hanging(copied):
     """Used to print `resumed at step N` and idle forever; a subprocess with a timeout fails
     instead of hanging the suite."""
-    command = [sys.executable, "-m", "aspc.cli.main", "run", str(TINY), "--steps", "2", "--warmstart", "0",
-               "--checkpoint", str(tmp_path / "ck"), "--metrics", str(tmp_path / "m.jsonl")]
-    first = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stderr
-    for steps in ("2", "1"):
-        again = subprocess.run([*command[:6], steps, *command[7:], "--resume"], capture_output=True, text=True,
-                               timeout=120)
+    for steps in ("4", "1"):
+        again = subprocess.run([sys.executable, "-m", "aspc.cli.main", "run", str(TINY), "--steps", steps,
+                                "--warmstart", "0", "--checkpoint", str(copied / "ck"), "--metrics",
+                                str(copied / "m.jsonl"), "--resume"], capture_output=True, text=True, timeout=120)
         assert again.returncode == 0, again.stderr
         assert "already complete" in again.stderr and "Traceback" not in again.stderr
-    assert steps_of(tmp_path / "m.jsonl") == [1, 2]
+    assert steps_of(copied / "m.jsonl") == [1, 2, 3, 4]
 
 
-def test_resume_walks_back_past_damaged_checkpoints_and_says_why(aspc, tmp_path):
-    assert checkpointed(aspc, tmp_path, steps=4).exit_code == 0
+def test_resume_walks_back_past_damaged_checkpoints_and_says_why(aspc, copied):
+    tmp_path = copied
     ck = tmp_path / "ck"
     actor = ck / "step-000004" / "actor.safetensors"
     actor.write_bytes(actor.read_bytes()[: actor.stat().st_size // 2])  # truncated
@@ -130,16 +156,14 @@ def test_resume_walks_back_past_damaged_checkpoints_and_says_why(aspc, tmp_path)
     assert steps_of(tmp_path / "m.jsonl") == [1, 2, 3, 4, 5]
 
 
-def test_a_bad_latest_pointer_or_a_deleted_step_folder_does_not_restart_from_zero(aspc, tmp_path):
-    assert checkpointed(aspc, tmp_path, steps=3).exit_code == 0
+def test_a_bad_latest_pointer_or_a_deleted_step_folder_does_not_restart_from_zero(aspc, copied):
+    tmp_path = copied
     ck = tmp_path / "ck"
     (ck / "latest").write_text("step-000099")
-    for path in (ck / "step-000003").iterdir():
-        path.unlink()
-    (ck / "step-000003").rmdir()
-    result = checkpointed(aspc, tmp_path, "--resume", steps=4)
-    assert_one_message(result, 0, "resumed at step 2", "latest: it names 'step-000099'")
-    assert steps_of(tmp_path / "m.jsonl") == [1, 2, 3, 4]
+    shutil.rmtree(ck / "step-000004")
+    result = checkpointed(aspc, tmp_path, "--resume", steps=5)
+    assert_one_message(result, 0, "resumed at step 3", "latest: it names 'step-000099'")
+    assert steps_of(tmp_path / "m.jsonl") == [1, 2, 3, 4, 5]
 
 
 def test_resume_with_no_intact_checkpoint_refuses(aspc, tmp_path):
@@ -149,8 +173,8 @@ def test_resume_with_no_intact_checkpoint_refuses(aspc, tmp_path):
     assert_one_message(result, 1, "no intact checkpoint", "manifest.json is unreadable", "without --resume")
 
 
-def test_resume_refuses_a_checkpoint_of_another_configuration(aspc, tmp_path):
-    assert checkpointed(aspc, tmp_path, steps=1).exit_code == 0
+def test_resume_refuses_a_checkpoint_of_another_configuration(aspc, copied):
+    tmp_path = copied
     other_seed = checkpointed(aspc, tmp_path, "--resume", "--seed", "3", steps=2)
     assert_one_message(other_seed, 1, "belongs to another run", "seed: 0 in the checkpoint, 3 now")
     other_pipeline = checkpointed(aspc, tmp_path, "--resume", file=pipeline(tmp_path, "tiny_grpo", "other"))
