@@ -2,7 +2,8 @@
 which vllm-ascend serves as vLLM's platform plugin. The driver's worker submits requests, steps
 the engine and takes finished samples; the controller's pool switches put it to sleep and wake it;
 its weight refresh is vLLM's weight-transfer protocol around the trainer's broadcast (separate
-pools, HCCL) or around the trainer ranks' NPU IPC send (colocated pools, npu_ipc).
+pools, HCCL) or around the trainer ranks' NPU IPC send (colocated pools, npu_ipc). Agentic episodes
+run on its subclass EpisodeEngine (episodes.py): one request per turn, stopped at the call.
 
 Calls follow vLLM 0.23.0 (vllm/entrypoints/llm.py, vllm/v1/engine/llm_engine.py) and vllm-ascend
 0.23.0's NPU worker (vllm_ascend/worker/worker.py): continuous batching through
@@ -85,25 +86,43 @@ class VllmEngine:
         return bool(self.keys)
 
     def add(self, key: Any, ids: list[int], seed: int) -> None:
+        self.submit(key, ids, seed, self.sampling["max_tokens"])
+
+    def submit(self, key: Any, ids: list[int], seed: int, max_tokens: int, stop_token_ids: tuple = ()) -> None:
+        """One request: `ids` is the whole prompt as token ids (a TokensPrompt); `stop_token_ids` also
+        end it (the stop token stays the last of the output's token_ids: vllm/v1/core/sched/utils.py
+        check_stop)."""
         self._awake()
         request_id, self.submitted = f"{self.instance}-{self.submitted}", self.submitted + 1
         engine = self.llm.llm_engine  # started first: it brings vLLM's API
+        stops = {"stop_token_ids": list(stop_token_ids)} if stop_token_ids else {}
         params = self.api.SamplingParams(temperature=self.sampling["temperature"], top_p=self.sampling["top_p"],
-                                         max_tokens=self.sampling["max_tokens"], seed=seed, logprobs=0)
+                                         max_tokens=max_tokens, seed=seed, logprobs=0, **stops)
         engine.add_request(request_id, {"prompt_token_ids": list(ids)}, params)
         self.keys[request_id] = (key, self.version)
 
     def step(self) -> list[Finished]:
         """One engine step; the samples it finished."""
         self._awake()
-        return [self._finished(out) for out in self.llm.llm_engine.step() if out.finished]
+        return [f for out in self.llm.llm_engine.step() if out.finished for f in self.completed(out)]
+
+    def completed(self, out) -> list[Finished]:
+        """A finished request: a sample (episodes.py: a turn, which may end its episode)."""
+        return [self._finished(out)]
 
     def _finished(self, out) -> Finished:
+        key, version, tokens, logprobs = self.sampled(out)
+        return Finished(key, list(out.prompt_token_ids), tokens, logprobs, out.outputs[0].finish_reason,
+                        version=version)
+
+    def sampled(self, out) -> tuple[Any, int, list[int], list[float]]:
+        """A finished request's sample key, the policy version it was submitted under, its output's
+        token ids and their log-probs (SamplingParams(logprobs=0): the sampled token's)."""
         completion = out.outputs[0]
         tokens = list(completion.token_ids)
         logprobs = [position[token].logprob for position, token in zip(completion.logprobs, tokens)]
         key, version = self.keys.pop(out.request_id)
-        return Finished(key, list(out.prompt_token_ids), tokens, logprobs, completion.finish_reason, version=version)
+        return key, version, tokens, logprobs
 
     def connect(self, init_info: dict) -> None:
         """Join the trainer's weight-transfer group (HCCLWeightTransferInitInfo: master_address,

@@ -76,9 +76,14 @@ def engine_args(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None, sh
     options = dict(stage.options)
     max_num_seqs, memory = engine_limits(options)
     max_model_len = plan.dataset(stage.data).max_prompt + options["max_tokens"]
+    environments = plan.stages_of("environment")
+    if environments:
+        max_model_len = episode_model_len(model, dict(environments[0].options), max_model_len)
     share = engine_share(plan, stage, model, max_model_len, memory_share(memory, sharers))
     args = _common_args(model, stage, base_dir, max_num_seqs, share)
     args["max_model_len"] = max_model_len
+    if environments:  # each turn is a new request whose prompt is the whole history (episodes.py)
+        args["enable_prefix_caching"] = True
     args["enforce_eager"] = not options.get("graph_mode", True)
     if options.get("graph_mode", True):
         args["compilation_config"] = {"cudagraph_capture_sizes": capture_sizes(max_num_seqs)}
@@ -86,6 +91,14 @@ def engine_args(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None, sh
     args["weight_transfer_config"] = {"backend": transfer_backend(stage)}
     args["additional_config"] = dict(RL_ADDITIONAL_CONFIG)
     return args
+
+
+def episode_model_len(model: ModelPlan, environment: dict, single_turn: int) -> int:
+    """An agentic episode's context: the prompt, its model tokens and an observation after every turn
+    but the last (each at most max_tool_tokens), within the model's context (vLLM refuses more than
+    its max_position_embeddings). The CPU generator's episodes end where this runs out."""
+    observations = (environment["max_turns"] - 1) * environment["max_tool_tokens"]
+    return min(model.arch.max_seq, single_turn + observations)
 
 
 def judge_args(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None, sharers: int) -> dict:

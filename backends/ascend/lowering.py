@@ -311,7 +311,9 @@ def _megatron_model(model, stage: StagePlan, base_dir: Path | None, recompute: b
     builders = {"config_class": megatron.config_class(arch), "layer_spec": megatron.layer_spec(arch, settings),
                 "mindspeed_argv": megatron.mindspeed_argv(par, seq_length),
                 "checkpoint": vllm.engine_model(model, base_dir)}
-    return config, megatron.model_args(arch, settings, arch.tied), builders
+    # a critic's output layer is its value head (critic.py), never the embedding's transpose: verl builds
+    # value models untied (verl/models/mcore/model_initializer.py, LinearForLastLayer)
+    return config, megatron.model_args(arch, settings, arch.tied and stage.kind != "critic"), builders
 
 
 # ---- weight sync ----

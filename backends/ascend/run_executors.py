@@ -15,7 +15,9 @@ and its controller are the same as every backend's; this factory hands them
   parameters, gradients and optimizer state to host memory, and each engine wakes its weights, takes
   the new version, then wakes its KV cache (the launch plan's colocated `weight_refresh`); to
   training, the engines sleep and the trainer onloads;
-- prompts, rule and python rewards and rollouts: the CPU backend's host side.
+- prompts, rule and python rewards and rollouts: the CPU backend's host side;
+- agentic episodes (an environment stage): each instance an `EpisodeEngine` (episodes.py: a turn
+  per vLLM request, stopped at the format's call token); the tools run on the host, as in the CPU run.
 
 What it does not execute is refused before the run (`unsupported`). The platform pieces
 (`engine_api`, `build_trainer`, `transfer_group`) are methods, so that the CPU tests put a fake vLLM
@@ -26,8 +28,10 @@ import dataclasses
 import os
 import threading
 
+from aspc.backends.ascend.critic import PolicyWithCritic, critic_refusals
 from aspc.backends.ascend.engine_actor import VllmEngine
 from aspc.backends.ascend.engine_args import IPC_ENV
+from aspc.backends.ascend.episodes import EpisodeEngine, EpisodeSettings, tool_format
 from aspc.backends.ascend.lowering import lower
 from aspc.backends.ascend.process_env import node_addresses_from_env
 from aspc.backends.cpu.data import PromptSource
@@ -35,6 +39,7 @@ from aspc.backends.cpu.executors import CpuExecutors, checkpoint_dir
 from aspc.backends.cpu.hf_tokenizer import HfTokenizer
 from aspc.backends.cpu.rewards import build_reward
 from aspc.backends.cpu.tokenizer import CHARS
+from aspc.controller.episodes import EpisodePolicy
 from aspc.ir.facts import DTYPE_BYTES, GIB, hardware_table
 from aspc.plan.execution_plan import ExecutionPlan, StageRefusal
 
@@ -68,7 +73,10 @@ class AscendExecutors(CpuExecutors):
                                     base_dir, self.tokenizer)
         sources = dict(plan.stages_of("reward")[0].options)["sources"]
         self.reward_fn, self.verifier = build_reward(sources, base_dir), None
-        self.actor = self.learner = self._tools = self.env_stage = None
+        self.actor = self.learner = self._tools = None
+        environments = plan.stages_of("environment")  # agentic episodes: EpisodeEngines, the host's tool runners
+        self.env_stage = environments[0] if environments else None
+        self.episodes = self.episode_settings() if self.env_stage is not None else None  # a bad format fails here
         self.scorers, self.engines, self.groups = {}, {}, {}
         self.colocated = self.gen_stage.placement == "time_shared"
         self.initial = None  # version 0 as published (snapshot), for the engines' first refresh
@@ -81,9 +89,8 @@ class AscendExecutors(CpuExecutors):
         for stage in plan.stages:
             if stage.kind == "generate" and stage.placement == "time_shared":
                 found += colocated_refusals(plan, stage, runtime)
-            if stage.kind in ("critic", "environment"):
-                found.append(StageRefusal(stage.name, f"stage '{stage.name}': the NPU run has no {stage.kind} "
-                                          "executor yet", "run it with --backend cpu, or remove the stage"))
+            if stage.kind == "critic":
+                found += critic_refusals(plan, stage)
             for source in dict(stage.options).get("sources", ()) if stage.kind == "reward" else ():
                 if source.func in ("model", "judge"):
                     found.append(StageRefusal(stage.name, f"stage '{stage.name}': {source.func}(...) rewards need "
@@ -135,9 +142,20 @@ class AscendExecutors(CpuExecutors):
     def unstarted_engine(self, index: int, instances: int) -> VllmEngine:
         """Instance `index` before vLLM starts and before it joins the transfer group: what the Ray
         runtime hands the instance's actor (which joins with `transfer_info`)."""
-        engine = VllmEngine(self.gen_launch, index, self.engine_api(index, instances), self.engine_env(index))
+        api, env = self.engine_api(index, instances), self.engine_env(index)
+        if self.env_stage is None:
+            engine = VllmEngine(self.gen_launch, index, api, env)
+        else:
+            engine = EpisodeEngine(self.gen_launch, index, api, env, settings=self.episodes)
         self.engines[index] = engine
         return engine
+
+    def episode_settings(self) -> EpisodeSettings:
+        """The environment's episodes on an engine: the shared policy, the call format in the
+        policy's tokenizer (its stop token), the cap on a tool result's tokens."""
+        options = dict(self.env_stage.options)
+        return EpisodeSettings(EpisodePolicy.of(self.env_stage), tool_format(options, self.tokenizer),
+                               options["max_tool_tokens"], self.tokenizer.eos_ids)
 
     def engine_env(self, index: int) -> dict:
         """Instance `index`'s engine environment from the launch plan (VLLM_ASCEND_ENABLE_NZ=0, HCCL
@@ -154,6 +172,8 @@ class AscendExecutors(CpuExecutors):
             if self.colocated:
                 self._start_engines_asleep()
             self.learner = self.build_trainer()
+            if self.plan.stages_of("critic"):
+                self.learner = PolicyWithCritic(self.learner, self.build_critic())
             self.holder = "learn" if self.colocated else None
         return self.learner
 
@@ -248,6 +268,16 @@ class AscendExecutors(CpuExecutors):
         comm = TorchCommunicator(g for axis in stage["groups"].values() for g in axis)
         sync = SyncSetup(arch, parallel, comm, self._sender(), colocated=self.colocated, layout=layout)
         return Leader(MegatronTrainer(stage, rank0.model_args, settings, self.reward_fn, sync))
+
+    def build_critic(self):
+        """The critic (critic.py) beside trainer rank 0, on its NPU and megatron process groups
+        (build_trainer set them up; `unsupported` refuses a critic placed anywhere else)."""
+        from aspc.backends.ascend.critic import MegatronCritic
+
+        stage = self.plan.stages_of("critic")[0].name
+        launch = next(dataclasses.asdict(s) for s in self.launch.stages if s.stage == stage)
+        rank0 = next(p for p in self.launch.processes if p.stage == stage and p.rank == 0)
+        return MegatronCritic.build(launch, rank0.model_args, self._settings())
 
     def _sender(self):
         """Rank 0's weight sender: HCCL broadcasts to separate pools; on a colocated pool the NPU IPC

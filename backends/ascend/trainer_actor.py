@@ -86,7 +86,7 @@ class MicroBatch:
     position_ids: torch.Tensor  # [1, T]
     attention_mask: torch.Tensor  # [1, 1, T, T], True where attention is masked (megatron's convention)
     labels: torch.Tensor  # [1, T]: the next token
-    loss_mask: torch.Tensor  # [1, T]: 1 where the label is a response token
+    loss_mask: torch.Tensor  # [1, T]: 1 where the label is a response token the model wrote (not a tool's)
     old_logprobs: torch.Tensor
     advantages: torch.Tensor
     keys: list
@@ -119,10 +119,12 @@ def _micro_batch(row: list, tokens: int, advantages: dict) -> MicroBatch:
         end = at + len(seq)
         ids[at:end], pos[at:end] = seq, range(len(seq))
         labels[at:end - 1] = seq[1:]
+        counted = getattr(r, "loss_mask", None) or [1] * len(r.response)  # agentic: tool tokens 0
         for i in range(n_prompt - 1, len(seq) - 1):  # position i predicts response token i + 1
-            mask[at + i], old[at + i] = 1, r.behaviour_logprobs[i - n_prompt + 1]
+            mask[at + i], old[at + i] = counted[i - n_prompt + 1], r.behaviour_logprobs[i - n_prompt + 1]
             ref[at + i] = r.ref_logprobs[i - n_prompt + 1] if r.ref_logprobs is not None else 0.0
-            adv[at + i] = advantages.get(r.key, 0.0)
+            given = advantages.get(r.key, 0.0)  # a sample's advantage, or its tokens' (GAE)
+            adv[at + i] = given[i - n_prompt + 1] if isinstance(given, list) else given
         spans.append((at + n_prompt - 1, end - 1))
         allowed[at:end, at:end] = torch.tril(torch.ones(len(seq), len(seq), dtype=torch.bool))
         at = end
@@ -235,14 +237,23 @@ class MegatronTrainer:
     def train(self, rollouts: list) -> None:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        s = self.settings
-        rewards = group_advantages([r.reward for r in rollouts], s.group, s.estimator, s.normalize,
-                                   [r.masked for r in rollouts])  # the controller hands whole groups
-        batches = pack(rollouts, self.stage["micro_batching"]["tokens"], dict(zip((r.key for r in rollouts), rewards)))
+        batches = pack(rollouts, self.stage["micro_batching"]["tokens"], self._advantages(rollouts))
         step = get_forward_backward_func()
         self.stats += step(forward_step_func=self._forward_step, data_iterator=iter(batches), model=[self.model],
                            num_microbatches=len(batches), seq_length=self.stage["micro_batching"]["tokens"],
                            micro_batch_size=1, forward_only=False) or []
+
+    def _advantages(self, rollouts: list) -> dict:
+        """Sample key -> its advantage (the controller hands whole groups), or with GAE (PPO) its
+        response tokens' advantages from the values the critic gave (critic.py)."""
+        s = self.settings
+        if s.estimator == "gae":
+            from aspc.backends.ascend.critic import gae_targets
+
+            return gae_targets(rollouts, s)[0]
+        rewards = group_advantages([r.reward for r in rollouts], s.group, s.estimator, s.normalize,
+                                   [r.masked for r in rollouts])
+        return dict(zip((r.key for r in rollouts), rewards))
 
     def _forward_step(self, data_iterator, model):
 

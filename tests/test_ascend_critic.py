@@ -1,0 +1,265 @@
+"""The PPO critic on NPUs (backends/ascend/critic.py) on CPU: its value head in a real megatron-core
+GPTModel built from the lowered critic stage; its values and clipped value loss on packed rows
+against the CPU learner's on a fixed batch; and `aspc run tiny_ppo --backend ascend` with the
+platform faked (megatron's forward needs CUDA/NPU: a packed-row model over the CPU critic's
+layers stands for the GPTModel, under the real ValueHead)."""
+import copy
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from aspc.backends.ascend.critic import MegatronCritic, PolicyWithCritic, ValueHead
+from aspc.backends.ascend.lowering import lower
+from aspc.backends.ascend.run_executors import AscendExecutors
+from aspc.backends.ascend.trainer_actor import pack
+from aspc.backends.cpu.executors import CpuExecutors
+from aspc.backends.cpu.learner import Learner, Rollout
+from aspc.plan.toolchain import compile_with_passes
+from conftest import ROOT
+from test_ascend_conformance import megatron_012  # noqa: F401 (a fixture)
+from test_ascend_executors import fake_platform, one_rank  # noqa: F401 (a fixture)
+
+PPO = ROOT / "pipelines" / "tiny_ppo.aspl"
+
+
+class PackedValueModel(torch.nn.Module):
+    """The GPTModel's place on CPU: the CPU critic's layers over megatron's packed row (per-sequence
+    positions, block-diagonal mask, True where masked), then the real ValueHead as megatron calls
+    its output layer ([T, B, H] in, ([T, B, 1], None) out)."""
+
+    def __init__(self, cpu_critic):
+        super().__init__()
+        self.body = copy.deepcopy(cpu_critic)
+        self.output_layer = ValueHead(cpu_critic.arch.hidden)
+        self.output_layer.load_state_dict(cpu_critic.value.state_dict())
+        self.body.value = None
+
+    def forward(self, input_ids, position_ids, attention_mask):
+        hidden = self.body.hidden_states(input_ids, position_ids, ~attention_mask)
+        values, _ = self.output_layer(hidden.transpose(0, 1))
+        return values.transpose(0, 1)
+
+    def scale_gradients(self, factor):  # megatron DDP's
+        for p in self.parameters():
+            if p.grad is not None:
+                p.grad *= factor
+
+
+class ClippedAdamW:
+    """megatron's optimizer as the critic calls it: step() clips and steps, -> (ok, grad norm, _)."""
+
+    def __init__(self, model, lr, clip):
+        self.model, self.clip, self.adam = model, clip, torch.optim.AdamW(model.parameters(), lr=lr)
+
+    def step(self):
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip if self.clip > 0 else float("inf"))
+        self.adam.step()
+        return True, float(norm), None
+
+    def zero_grad(self):
+        self.adam.zero_grad(set_to_none=True)
+
+
+def forward_backward(forward_step_func, data_iterator, model, num_microbatches, seq_length, micro_batch_size,
+                     forward_only):
+    """megatron's no-pipelining schedule on one CPU rank: a 2-tuple loss is divided by the
+    micro-batch count before its backward; the loss functions' dicts are returned."""
+    found = []
+    for _ in range(num_microbatches):
+        output, loss_func = forward_step_func(data_iterator, model[0])
+        loss, stats = loss_func(output)
+        if not forward_only:
+            (loss / num_microbatches).backward()
+        found.append(stats)
+    return found
+
+
+def fake_critic(cpu_critic, stage: dict, settings) -> MegatronCritic:
+    model = PackedValueModel(cpu_critic)
+    return MegatronCritic(stage, settings, model, ClippedAdamW(model, settings.critic_lr, settings.grad_clip),
+                          forward_backward)
+
+
+def critic_launch(plan) -> dict:
+    launch = lower(plan, PPO.parent)
+    return dataclasses.asdict(next(s for s in launch.stages if s.kind == "critic"))
+
+
+def fixed_rollouts(generator) -> list[Rollout]:
+    out = []
+    for i, (n_prompt, n_response) in enumerate([(5, 7), (9, 3), (4, 11), (6, 6), (8, 2)]):
+        prompt = torch.randint(1, 32, (n_prompt,), generator=generator).tolist()
+        response = torch.randint(1, 32, (n_response,), generator=generator).tolist()
+        r = Rollout(prompt, response, [-1.0] * n_response, "", None, key=(0, i))
+        r.reward = r.task_reward = float(i % 2)
+        out.append(r)
+    return out
+
+
+def test_the_value_head_and_clipped_value_loss_match_the_cpu_learner_on_a_fixed_batch():
+    """Same critic weights, same rollouts: the packed rows' values, the summed value loss (value
+    clip acting) and the value head's gradients equal the CPU learner's within 1e-6."""
+    plan = compile_with_passes(PPO).plan()
+    cpu = CpuExecutors(plan, PPO.parent)
+    settings = dataclasses.replace(cpu._settings(), value_clip=0.01)
+    cpu_critic = cpu._critic()
+    learner = Learner(cpu.actor, cpu._reference(), cpu_critic, settings, cpu.reward_fn)
+    stage = critic_launch(plan)
+    stage["micro_batching"]["tokens"] = 16  # several packed rows
+    critic = fake_critic(cpu_critic, stage, settings)
+    ours, theirs = fixed_rollouts(torch.Generator().manual_seed(0)), fixed_rollouts(torch.Generator().manual_seed(0))
+    critic.values(ours)
+    learner.values(theirs)
+    assert len(pack(ours, 16)) > 1
+    for a, b in zip(ours, theirs):
+        assert a.values == pytest.approx(b.values, abs=1e-6) and len(a.values) == len(a.response)
+    for r in ours + theirs:  # old values away from the new ones, so that the clip acts
+        r.values = [v + 0.05 * (-1) ** t for t, v in enumerate(r.values)]
+    critic.train(ours)
+    learner.train(theirs)
+    assert critic.loss == pytest.approx(learner.step_stats.value_loss, abs=1e-6)
+    head = critic.model.output_layer
+    assert torch.allclose(head.weight.grad, cpu_critic.value.weight.grad, atol=1e-6)
+    assert torch.allclose(head.bias.grad, cpu_critic.value.bias.grad, atol=1e-6)
+    unclipped = fake_critic(cpu_critic, stage, dataclasses.replace(settings, value_clip=0.0))
+    unclipped.train(ours)
+    assert abs(unclipped.loss - critic.loss) > 1e-4  # the clip changed the loss
+    summary = critic.optimizer_step()
+    assert summary["value_loss"] == pytest.approx(learner.step_stats.value_loss / learner.step_stats.tokens)
+    assert critic.tokens == 0 and head.weight.grad is None
+
+
+def test_the_policy_trainer_packs_the_gae_advantages_the_cpu_learner_computes():
+    """PPO's policy update on NPUs reads each response token's GAE advantage (whitened) from the
+    critic's values, at the label position of that token, as the CPU learner computes them."""
+    from types import SimpleNamespace
+
+    from aspc.backends.ascend.trainer_actor import MegatronTrainer, per_sequence
+
+    cpu = CpuExecutors(compile_with_passes(PPO).plan(), PPO.parent)
+    settings = dataclasses.replace(cpu._settings(), normalize=True)
+    assert settings.estimator == "gae"
+    rollouts = fixed_rollouts(torch.Generator().manual_seed(1))
+    for r in rollouts:
+        r.values = torch.randn(len(r.response), generator=torch.Generator().manual_seed(len(r.prompt))).tolist()
+    rollouts[1].masked = True
+    expected, _ = Learner(cpu.actor, None, None, settings, cpu.reward_fn)._advantages(rollouts)
+    advantages = MegatronTrainer._advantages(SimpleNamespace(settings=settings), rollouts)
+    packed = {k: v for mb in pack(rollouts, 16, advantages) for k, v in per_sequence(mb.advantages, mb).items()}
+    for r, tokens in zip(rollouts, expected):
+        assert packed[r.key] == pytest.approx(tokens, abs=1e-6)
+    assert packed[rollouts[1].key] == [0.0] * len(rollouts[1].response)
+
+
+def test_the_critic_stage_builds_a_megatron_gpt_model_with_a_one_unit_output_layer(one_rank):  # noqa: F811
+    """value_model on the lowered critic stage: untied embeddings (the output layer is the value
+    head), one unit over the hidden size, values in fp32 as megatron calls its output layer."""
+    from aspc.backends.ascend.critic import value_model
+
+    plan = compile_with_passes(PPO).plan()
+    stage = critic_launch(plan)
+    assert stage["model_args"]["share_embeddings_and_output_weights"] is False
+    model = value_model(stage, {"pre_process": True, "post_process": True}, use_cpu_initialization=True)
+    head = model.output_layer
+    assert isinstance(head, ValueHead) and tuple(head.weight.shape) == (1, stage["config"]["hidden_size"])
+    values, bias = head(torch.randn(7, 1, stage["config"]["hidden_size"]))
+    assert values.shape == (7, 1, 1) and values.dtype == torch.float32 and bias is None
+    first = value_model(stage, {"pre_process": True, "post_process": False}, use_cpu_initialization=True)
+    assert not isinstance(getattr(first, "output_layer", None), ValueHead)  # not the last pipeline stage
+
+
+def test_the_methods_the_critic_calls_on_megatron_objects_exist_in_both_versions(megatron_012):  # noqa: F811
+    """What the conformance AST check cannot follow (objects returned by MegatronTrainer._wrapped and
+    get_megatron_optimizer): DDP.scale_gradients, the optimizer's step/zero_grad, GPTModel.output_layer."""
+    pytest.importorskip("megatron.core")
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.optimizer import MegatronOptimizer
+
+    old = megatron_012
+    for cls, names in ((DistributedDataParallel, ("scale_gradients",)), (MegatronOptimizer, ("step", "zero_grad"))):
+        for name in names:
+            assert hasattr(cls, name) and name in old.members(cls.__name__), (cls.__name__, name)
+    assert "output_layer" in old.members("GPTModel")
+    # OptimizerConfig is a dataclass (no __init__ for the conformance check's keyword test): its fields
+    import ast
+    import inspect
+
+    from megatron.core.optimizer import OptimizerConfig
+
+    from aspc.backends.ascend import critic
+    from wheel_sources import dataclass_fields
+
+    [call] = [n for n in ast.walk(ast.parse(inspect.getsource(critic)))
+              if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "OptimizerConfig"]
+    used = {k.arg for k in call.keywords}
+    assert used <= set(inspect.signature(OptimizerConfig).parameters)
+    assert used <= dataclass_fields(old, "megatron.core.optimizer.optimizer_config", "OptimizerConfig")
+
+
+# ---- `aspc run tiny_ppo --backend ascend`, the platform faked ----
+def separate_ppo(tmp_path):
+    """tiny_ppo with generation on a pool of its own (two instances) and the trainer, reference and
+    critic time-sharing one device."""
+    text = PPO.read_text().replace("pool cpu = cpu x 2", "pool cpu = cpu x 1\npool rollout = cpu x 2")
+    path = tmp_path / "tiny_ppo_separate.aspl"
+    path.write_text(text.replace("generate(actor, prompts) on cpu", "generate(actor, prompts) on rollout"))
+    return path
+
+
+def fake_ppo_platform(monkeypatch):
+    """fake_platform, with the policy the CPU learner without its critic and the critic the
+    MegatronCritic over the same initial critic weights as the CPU run's."""
+    built = fake_platform(monkeypatch)
+    original = AscendExecutors.build_trainer
+
+    def build_trainer(self):
+        leader = original(self)  # fake_platform's: the CPU learner behind the trainer's WeightSender
+        c = self.cpu
+        leader.learner = Learner(c.actor, c._reference(), None, c._settings(), c.reward_fn, c.tokenizer.decode)
+        return leader
+
+    def build_critic(self):
+        stage = next(dataclasses.asdict(s) for s in self.launch.stages if s.kind == "critic")
+        return fake_critic(self.cpu._critic(), stage, self._settings())
+
+    monkeypatch.setattr(AscendExecutors, "build_trainer", build_trainer)
+    monkeypatch.setattr(AscendExecutors, "build_critic", build_critic)
+    return built
+
+
+def ppo_metrics(aspc, path, backend, metrics):
+    result = aspc("run", str(path), "--backend", backend, "--steps", "2", "--warmstart", "0", "--workers", "threads",
+                  "--metrics", str(metrics), "--set", "schedule.staleness=0")
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in metrics.read_text().splitlines() if '"trained"' in line]
+
+
+def test_aspc_run_tiny_ppo_backend_ascend_trains_the_critic_as_the_cpu_backend(aspc, tmp_path, monkeypatch):
+    """The controller's critic units reach the NPU critic (values for GAE), its train units both
+    the policy and the critic, each step both optimizers: the same samples per step as `--backend
+    cpu`, and the first step's value loss equal to the CPU learner's (same weights, same rollouts)."""
+    built = fake_ppo_platform(monkeypatch)
+    path = separate_ppo(tmp_path)
+    npu = ppo_metrics(aspc, path, "ascend", tmp_path / "npu.jsonl")
+    cpu = ppo_metrics(aspc, path, "cpu", tmp_path / "cpu.jsonl")
+    assert len(npu) == len(cpu) == 2
+    assert [m["trained"] for m in npu] == [m["trained"] for m in cpu]
+    assert npu[0]["reward"] == cpu[0]["reward"]
+    assert all("value_loss" in m and "critic_grad_norm" in m for m in npu)
+    assert npu[0]["value_loss"] == pytest.approx(cpu[0]["value_loss"], abs=1e-6)
+    [executors] = built
+    assert isinstance(executors.learner, PolicyWithCritic) and executors.learner.policy.learner.critic is None
+
+
+def test_critics_the_npu_run_cannot_place_are_refused_at_the_critic_stage(tmp_path):
+    """The critic is built beside trainer rank 0: on a pool of its own, or with more than one rank,
+    it is refused with a message; tiny_ppo's critic (the trainer's NPU) is not."""
+    plan = compile_with_passes(separate_ppo(tmp_path), ["schedule.staleness=0"]).plan()
+    assert AscendExecutors.unsupported(plan) == []
+    elsewhere = separate_ppo(tmp_path).read_text().replace("pool cpu = cpu x 1", "pool cpu = cpu x 1\npool v = cpu x 1")
+    path = tmp_path / "elsewhere.aspl"
+    path.write_text(elsewhere.replace("critic(value, gen) on cpu", "critic(value, gen) on v"))
+    [refused] = AscendExecutors.unsupported(compile_with_passes(path).plan())
+    assert refused.stage == "values" and "pool 'cpu'" in refused.hint
