@@ -5,7 +5,6 @@ platform faked (megatron's forward needs CUDA/NPU: a packed-row model over the C
 layers stands for the GPTModel, under the real ValueHead)."""
 import copy
 import dataclasses
-import json
 
 import pytest
 import torch
@@ -19,7 +18,7 @@ from aspc.backends.cpu.learner import Learner, Rollout
 from aspc.plan.toolchain import compile_with_passes
 from conftest import ROOT
 from test_ascend_conformance import megatron_012  # noqa: F401 (a fixture)
-from test_ascend_executors import fake_platform, one_rank  # noqa: F401 (a fixture)
+from test_ascend_executors import fake_platform, npu_trains_as_cpu, one_rank  # noqa: F401 (a fixture)
 
 PPO = ROOT / "pipelines" / "tiny_ppo.aspl"
 
@@ -229,24 +228,12 @@ def fake_ppo_platform(monkeypatch):
     return built
 
 
-def ppo_metrics(aspc, path, backend, metrics):
-    result = aspc("run", str(path), "--backend", backend, "--steps", "2", "--warmstart", "0", "--workers", "threads",
-                  "--metrics", str(metrics), "--set", "schedule.staleness=0")
-    assert result.exit_code == 0, result.output
-    return [json.loads(line) for line in metrics.read_text().splitlines() if '"trained"' in line]
-
-
 def test_aspc_run_tiny_ppo_backend_ascend_trains_the_critic_as_the_cpu_backend(aspc, tmp_path, monkeypatch):
     """The controller's critic units reach the NPU critic (values for GAE), its train units both
     the policy and the critic, each step both optimizers: the same samples per step as `--backend
     cpu`, and the first step's value loss equal to the CPU learner's (same weights, same rollouts)."""
     built = fake_ppo_platform(monkeypatch)
-    path = separate_ppo(tmp_path)
-    npu = ppo_metrics(aspc, path, "ascend", tmp_path / "npu.jsonl")
-    cpu = ppo_metrics(aspc, path, "cpu", tmp_path / "cpu.jsonl")
-    assert len(npu) == len(cpu) == 2
-    assert [m["trained"] for m in npu] == [m["trained"] for m in cpu]
-    assert npu[0]["reward"] == cpu[0]["reward"]
+    npu, cpu = npu_trains_as_cpu(aspc, separate_ppo(tmp_path), tmp_path)
     assert all("value_loss" in m and "critic_grad_norm" in m for m in npu)
     assert npu[0]["value_loss"] == pytest.approx(cpu[0]["value_loss"], abs=1e-6)
     [executors] = built

@@ -700,11 +700,22 @@ def one_engine(tmp_path):
     return path
 
 
-def colocated_metrics(aspc, path, backend, metrics):
+def two_step_metrics(aspc, path, backend, metrics):
     result = aspc("run", str(path), "--backend", backend, "--steps", "2", "--warmstart", "0", "--workers", "threads",
                   "--metrics", str(metrics), "--set", "schedule.staleness=0")
     assert result.exit_code == 0, result.output
     return [json.loads(line) for line in metrics.read_text().splitlines() if '"trained"' in line]
+
+
+def npu_trains_as_cpu(aspc, path, tmp_path) -> tuple[list, list]:
+    """Two steps of `path` on each backend: the same samples per step and the same first reward;
+    their metrics rows."""
+    npu = two_step_metrics(aspc, path, "ascend", tmp_path / "npu.jsonl")
+    cpu = two_step_metrics(aspc, path, "cpu", tmp_path / "cpu.jsonl")
+    assert len(npu) == len(cpu) == 2
+    assert [m["trained"] for m in npu] == [m["trained"] for m in cpu]
+    assert npu[0]["reward"] == cpu[0]["reward"]
+    return npu, cpu
 
 
 def steps_of(log):
@@ -723,12 +734,7 @@ def test_aspc_run_backend_ascend_switches_a_time_shared_pool_between_engines_and
     (weights, the NPU IPC refresh, then its KV cache) and generates, and each switch to training
     puts the engine to sleep before the trainer onloads and trains."""
     built = fake_colocated_platform(monkeypatch)
-    path = one_engine(tmp_path)
-    npu = colocated_metrics(aspc, path, "ascend", tmp_path / "npu.jsonl")
-    cpu = colocated_metrics(aspc, path, "cpu", tmp_path / "cpu.jsonl")
-    assert len(npu) == len(cpu) == 2
-    assert [m["trained"] for m in npu] == [m["trained"] for m in cpu]
-    assert npu[0]["reward"] == cpu[0]["reward"]
+    npu_trains_as_cpu(aspc, one_engine(tmp_path), tmp_path)
     [executors] = built
     log = steps_of(executors.log)
     # the engine starts and sleeps before the trainer builds (the launch plan's start-up order on shared

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from aspc.backends.ascend.trainer_actor import (MegatronTrainer, build_gpt, empty_device_cache, materialize,
-                                                offload_model, offload_optimizer, pack, per_sequence)
+from aspc.backends.ascend.trainer_actor import MegatronTrainer, Offloadable, build_gpt, materialize, pack, per_sequence
 from aspc.backends.cpu.losses import gae, value_loss, whiten
 from aspc.plan.execution_plan import ExecutionPlan, StageRefusal
 
@@ -67,7 +66,7 @@ def per_position(mb, per_key: dict) -> torch.Tensor:
     return row
 
 
-class MegatronCritic:
+class MegatronCritic(Offloadable):  # leaves the NPU with the policy trainer on a time-shared pool
     """The critic's calls (values, train, optimizer_step) on one megatron rank. `model`, `optimizer`
     and `step_func` are megatron's (DDP-wrapped value model, get_megatron_optimizer,
     get_forward_backward_func) unless given (the CPU tests' fakes)."""
@@ -138,18 +137,6 @@ class MegatronCritic:
         summary = {"value_loss": self.loss / tokens, "critic_grad_norm": float(grad_norm or 0.0)}
         self.tokens, self.loss = 0, 0.0
         return summary | ({} if succeeded else {"critic_update_skipped": True})
-
-    def offload(self) -> None:
-        """A time-shared pool goes to generation: the critic's buffers and optimizer state to host
-        memory, as the policy trainer's (trainer_actor.offload_model / offload_optimizer); once."""
-        if not self.offloaded:
-            self.offloaded = offload_model(self.model) + offload_optimizer(self.optimizer, self.model)
-            empty_device_cache()
-
-    def onload(self) -> None:
-        for restore in self.offloaded:
-            restore()
-        self.offloaded = []
 
 
 class PolicyWithCritic:

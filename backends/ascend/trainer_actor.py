@@ -187,7 +187,28 @@ class SyncSetup:
     layout: object = None  # the trainer's reshard.Layout (layout_of); None refuses MLA models
 
 
-class MegatronTrainer:
+class Offloadable:
+    """A megatron model (`model`, its DDP wrapper) and its `optimizer` that leave the NPU while a
+    time-shared pool generates (`offloaded`: what brings them back)."""
+
+    offloaded: list
+
+    def offload(self) -> None:
+        """A time-shared pool goes to generation: parameters, gradients and optimizer state to host
+        memory (verl's offload_megatron_model_to_cpu / offload_megatron_optimizer); once."""
+        if self.offloaded:
+            return
+        self.offloaded = offload_model(self.model) + offload_optimizer(self.optimizer, self.model)
+        empty_device_cache()
+
+    def onload(self) -> None:
+        """The pool comes back to the trainer: everything `offload` moved goes back where it was."""
+        for restore in self.offloaded:
+            restore()
+        self.offloaded = []
+
+
+class MegatronTrainer(Offloadable):
     """The Trainer role (aspc/roles.py) on one megatron rank; every rank of the job runs the same
     calls in the same order (the driver's learner actor is rank 0, the others follow its calls).
     `reward_fn` scores on the host (rule and python rewards); `loss` is aspc's policy loss
@@ -293,20 +314,6 @@ class MegatronTrainer:
         assemble = whole_hf_in_place if self.sync.colocated else gather_hf
         tensors = assemble(self.sync.arch, local, self.sync.parallel, self.sync.comm, self.sync.layout)
         return self.sync.sender.publish(version, tensors) if self.sync.sender is not None else None
-
-    def offload(self) -> None:
-        """A time-shared pool goes to generation: parameters, gradients and optimizer state to host
-        memory (verl's offload_megatron_model_to_cpu / offload_megatron_optimizer); once."""
-        if self.offloaded:
-            return
-        self.offloaded = offload_model(self.model) + offload_optimizer(self.optimizer, self.model)
-        empty_device_cache()
-
-    def onload(self) -> None:
-        """The pool comes back to the trainer: everything `offload` moved goes back where it was."""
-        for restore in self.offloaded:
-            restore()
-        self.offloaded = []
 
     def send_weights(self, version: int, instance: int) -> None:
         """Send staged version `version` to one instance. Separate pools: rank 0 alone broadcasts it
