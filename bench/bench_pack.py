@@ -29,17 +29,18 @@ def row(name: str) -> str:
     ranks = train.parallel.dp
     shape = train.micro_batching
     buckets = shape.buckets
-    report = padding_report(lengths, shape.tokens, longest, buckets, ranks)
+    unit = train.streaming.micro if train.streaming else data.samples_per_step  # what the stage receives
+    report = padding_report(lengths, shape.tokens, longest, buckets, ranks, unit)
     mean = sum(lengths) / len(lengths)
-    return (f"| {name} | {len(lengths)} | {mean:.0f} / {longest} | {shape.tokens} | {ranks} | "
+    return (f"| {name} | {len(lengths)} | {mean:.0f} / {longest} | {shape.tokens} | {ranks} | {unit} | "
             f"{', '.join(map(str, buckets))} | {report.pad_to_max:.1%} | {report.pad_to_longest:.1%} | "
             f"{report.packed_buckets:.1%} |")
 
 
 def main() -> None:
-    print("| workload | sequences | mean / max tokens | pack tokens | dp ranks | buckets | "
+    print("| workload | sequences | mean / max tokens | pack tokens | dp ranks | unit | buckets | "
           "pad to max | pad to longest | packed + buckets |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name in WORKLOADS:
         print(row(name))
 

@@ -147,13 +147,15 @@ def micro_batches(lengths: list[int], tokens: int, ranks: int) -> list[list[list
 
 
 def padding_report(lengths: list[int], tokens: int, longest: int, buckets: tuple[int, ...],
-                   ranks: int = 1) -> PaddingReport:
+                   ranks: int = 1, unit: int | None = None) -> PaddingReport:
+    """Padding of `lengths` packed in units of `unit` sequences (a streamed stage's units; None:
+    all of them at once), each unit on its own, as the runtime packs what it is given."""
+    units = [lengths[i:i + unit] for i in range(0, len(lengths), unit)] if unit else [lengths]
     useful = sum(lengths)
     # the classic way: a fixed sample count per micro-batch, the budget's worth on average
     per_batch = max(1, round(tokens * len(lengths) / useful))
-    batches = [lengths[i:i + per_batch] for i in range(0, len(lengths), per_batch)]
-    to_longest = sum(len(b) * max(b) for b in batches)
-    fills = [sum(mb) for rank in micro_batches(lengths, tokens, ranks) for mb in rank]
+    to_longest = sum(len(b) * max(b) for u in units for b in (u[i:i + per_batch] for i in range(0, len(u), per_batch)))
+    fills = [sum(mb) for u in units for rank in micro_batches(u, tokens, ranks) for mb in rank]
     with_buckets = sum(bucket_for(f, buckets) for f in fills)
     return PaddingReport(
         pad_to_max=1 - useful / (len(lengths) * longest),
