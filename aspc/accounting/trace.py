@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-@dataclass
+@dataclass(slots=True)  # slots: a simulation records hundreds of thousands
 class Span:
     track: str
     start: float

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: one per instance for every unit routed
 class Load:
     """What the controller knows of one instance when it routes work."""
 
