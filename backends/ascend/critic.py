@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from aspc.backends.ascend.trainer_actor import MegatronTrainer, Offloadable, build_gpt, materialize, pack, per_sequence
+from aspc.backends.ascend.trainer_actor import (MegatronTrainer, Offloadable, build_gpt, load_checkpoint, materialize,
+                                                pack, per_sequence)
 from aspc.backends.cpu.losses import gae, value_loss, whiten
 from aspc.plan.execution_plan import ExecutionPlan, StageRefusal
 
@@ -84,7 +85,8 @@ class MegatronCritic(Offloadable):  # leaves the NPU with the policy trainer on 
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        model = MegatronTrainer._wrapped(value_model(stage, rank_args))
+        # the body from the critic model's checkpoint, the value head freshly initialised (verl)
+        model = MegatronTrainer._wrapped(load_checkpoint(value_model(stage, rank_args), stage, value_head=True))
         config = OptimizerConfig(optimizer="adam", lr=settings.critic_lr, weight_decay=0.01,
                                  clip_grad=settings.grad_clip, bf16=stage["config"].get("bf16", False),
                                  params_dtype=materialize(stage["config"])["params_dtype"])

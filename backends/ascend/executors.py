@@ -23,6 +23,7 @@ import os
 import sys
 
 from aspc.backends.ascend.trainer_actor import materialize  # noqa: F401  (the launch plan's dtypes, for tests)
+from aspc.backends.ascend.trainer_actor import reference_checkpoint
 
 
 class AscendUnavailable(Exception):
@@ -101,12 +102,14 @@ def start_rank(stage: dict, rank_args: dict):
     return broadcast_call(None)
 
 
-def run_follower(stage: dict, rank_args: dict, sync) -> int:
-    """A megatron rank other than 0: build its share of the model, then run rank 0's calls."""
-    from aspc.backends.ascend.trainer_actor import MegatronTrainer, follow
+def run_follower(stage: dict, rank_args: dict, sync, reference: str | None = None) -> int:
+    """A megatron rank other than 0: build its share of the model (and of the frozen reference from
+    the `reference` checkpoint directory, as rank 0 does), then run rank 0's calls."""
+    from aspc.backends.ascend.trainer_actor import MegatronTrainer, follow, frozen_reference
 
     settings = start_rank(stage, rank_args)
-    trainer = MegatronTrainer(stage, rank_args, settings, reward_fn=None, sync=sync)
+    frozen = frozen_reference(stage, rank_args, reference)
+    trainer = MegatronTrainer(stage, rank_args, settings, reward_fn=None, sync=sync, reference=frozen)
     return follow(trainer)
 
 
@@ -138,7 +141,7 @@ def main(argv=None) -> int:
             return 2
         process = next(p for p in launch["processes"] if p["stage"] == args.stage and p["rank"] == args.rank)
         sync = _follower_sync(stage, process["world_size"], colocated(launch))
-        ran = run_follower(stage, process["model_args"], sync)
+        ran = run_follower(stage, process["model_args"], sync, reference_checkpoint(launch["stages"], stage))
     except AscendUnavailable as error:
         print(f"aspc: {error}", file=sys.stderr)
         return 1

@@ -302,14 +302,16 @@ def to_hf(arch: ModelArch, full: dict, layout: Layout = PLAIN) -> dict[str, torc
 
 def from_hf(arch: ModelArch, hf: dict, layout: Layout = PLAIN) -> dict[str, torch.Tensor]:
     """The inverse of `to_hf`."""
-    full = {}
-    for name in full_params(arch, layout):
-        sources = _hf_sources(arch, name, layout)
-        if _is_qkv(name):
-            full[name] = _interleave_qkv(arch, *(hf[s] for s in sources))
-        else:
-            full[name] = torch.cat([hf[s] for s in sources], dim=0) if len(sources) > 1 else hf[sources[0]]
-    return full
+    return {name: param_from_hf(arch, name, hf, layout) for name in full_params(arch, layout)}
+
+
+def param_from_hf(arch: ModelArch, name: str, hf, layout: Layout = PLAIN) -> torch.Tensor:
+    """One full megatron parameter from its Hugging Face tensors (`hf`: any mapping, e.g. one that
+    reads a checkpoint's tensors on demand)."""
+    sources = [hf[s] for s in hf_sources(arch, name, layout)]
+    if _is_qkv(name):
+        return _interleave_qkv(arch, *sources)
+    return torch.cat(sources, dim=0) if len(sources) > 1 else sources[0]
 
 
 TOP = {"embedding.word_embeddings.weight": "model.embed_tokens.weight",
@@ -338,7 +340,7 @@ MLA = {"self_attention.linear_q_proj.weight": ["self_attn.q_proj.weight"],
        "self_attention.linear_kv_up_proj.weight": ["self_attn.kv_b_proj.weight"]}
 
 
-def _hf_sources(arch: ModelArch, name: str, layout: Layout = PLAIN) -> list[str]:
+def hf_sources(arch: ModelArch, name: str, layout: Layout = PLAIN) -> list[str]:
     """The Hugging Face tensors that one megatron parameter is made of."""
     if name == "output_layer.weight" and layout.value_head:
         return [VALUE_HEAD]
@@ -359,7 +361,7 @@ def _is_qkv(name: str) -> bool:
 
 
 def _hf_parts(arch: ModelArch, name: str, tensor: torch.Tensor, layout: Layout):
-    sources = _hf_sources(arch, name, layout)
+    sources = hf_sources(arch, name, layout)
     if _is_qkv(name):
         return zip(sources, _deinterleave_qkv(arch, tensor))
     return zip(sources, tensor.chunk(len(sources), dim=0))

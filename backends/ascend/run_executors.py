@@ -255,7 +255,8 @@ class AscendExecutors(CpuExecutors):
         process groups (the job's other ranks start from the launch plan and wait for the settings
         broadcast), the model, and the HCCL sender of the published weights."""
         from aspc.backends.ascend.trainer_actor import (Leader, MegatronTrainer, SyncSetup, broadcast_call,
-                                                        import_mindspeed, initialize_parallel, layout_of)
+                                                        frozen_reference, import_mindspeed, initialize_parallel,
+                                                        layout_of, reference_checkpoint)
         from aspc.backends.ascend.weight_sync import TorchCommunicator
 
         stage, rank0 = self.train_launch, self._rank0()
@@ -267,7 +268,9 @@ class AscendExecutors(CpuExecutors):
         arch, parallel, layout = layout_of(stage, rank0.world_size)
         comm = TorchCommunicator(g for axis in stage["groups"].values() for g in axis)
         sync = SyncSetup(arch, parallel, comm, self._sender(), colocated=self.colocated, layout=layout)
-        return Leader(MegatronTrainer(stage, rank0.model_args, settings, self.reward_fn, sync))
+        stages = [dataclasses.asdict(s) for s in self.launch.stages]
+        reference = frozen_reference(stage, rank0.model_args, reference_checkpoint(stages, stage))
+        return Leader(MegatronTrainer(stage, rank0.model_args, settings, self.reward_fn, sync, reference))
 
     def build_critic(self):
         """The critic (critic.py) beside trainer rank 0, on its NPU and megatron process groups

@@ -219,7 +219,7 @@ class MegatronTrainer(Offloadable):
         communicator, and on rank 0 the WeightSender)."""
         self.stage, self.settings, self.reward_fn = stage, settings, reward_fn
         self.sync, self.reference_model = sync, reference
-        self.model = self._wrapped(build_gpt(stage, rank_args))
+        self.model = self._wrapped(load_checkpoint(build_gpt(stage, rank_args), stage))
         self.optimizer = self._optimizer()
         self.version = 0
         self.stats: list[dict] = []
@@ -469,6 +469,47 @@ def broadcast_call(call):
     box = [call]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def load_checkpoint(model, stage: dict, checkpoint: str | None = None, value_head: bool = False):
+    """`model` (this rank's GPTModel of `stage`) with its share of the Hugging Face checkpoint
+    (load_hf.py): the stage's own (`builders.checkpoint`) unless `checkpoint` names another; a
+    critic's `value_head` stays freshly initialised."""
+    from aspc.backends.ascend.load_hf import load_rank_weights, parallel_coords
+
+    c = stage["config"]
+    arch, parallel, _ = layout_of(stage, c["tensor_model_parallel_size"] * c["pipeline_model_parallel_size"]
+                                  * c["context_parallel_size"])  # data parallelism does not cut weights
+    layout = Layout.from_config(c, value_head=value_head)
+    load_rank_weights(model, checkpoint or stage["builders"]["checkpoint"], arch, parallel, layout,
+                      parallel_coords())
+    return model
+
+
+def reference_checkpoint(stages: list[dict], train: dict) -> str | None:
+    """The checkpoint directory of the plan's reference model (a `reference` launch stage; for
+    frozen(actor), the actor's), or None without one. The frozen reference is built in the trainer's
+    processes, on its parallel layout, so it must have the policy's architecture."""
+    found = next((s for s in stages if s["kind"] == "reference"), None)
+    if found is None:
+        return None
+    if arch_of(found) != arch_of(train):
+        raise ValueError(f"stage '{found['stage']}': the reference model's architecture differs from the "
+                         "policy's; the NPU trainer builds its frozen reference on the policy's ranks and layout: "
+                         "use frozen(<policy model>) or a checkpoint of the same architecture")
+    return found["builders"]["checkpoint"]
+
+
+def frozen_reference(stage: dict, rank_args: dict, checkpoint: str | None):
+    """The reference policy on this rank (every rank builds it, in the same order): a second GPTModel
+    of the train stage, eval mode, no gradients, loaded from the reference's checkpoint (verl's
+    megatron reference policy); None without a reference stage."""
+    if checkpoint is None:
+        return None
+    model = load_checkpoint(build_gpt(stage, rank_args), stage, checkpoint).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
 
 
 def build_forward_model(stage: dict, rank_args: dict):
