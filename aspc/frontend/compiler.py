@@ -2,11 +2,8 @@
 from __future__ import annotations
 
 import codecs
-import gc
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Iterator
 
 from aspc.frontend import ast
 from aspc.frontend.dataflow import check_cycles, check_dataflow
@@ -20,6 +17,7 @@ from aspc.frontend.resources import check_resources
 from aspc.ir.span import Span
 from aspc.frontend.stages import Resolved, resolve_stage
 from aspc.ir.verify import verify
+from aspc.memory import no_cycle_collection
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
 
@@ -70,21 +68,8 @@ def compile_file(path: str | Path, overrides: list[str] | None = None) -> Compil
 def compile_source(text: str, file: str = "<input>", overrides: list[str] | None = None,
                    base_dir: Path | None = None) -> Compilation:
     """Parse, apply overrides, check and lower; raises AsplError listing all errors."""
-    with _without_cycle_collection():
+    with no_cycle_collection():
         return _compile(text, file, list(overrides or []), base_dir)
-
-
-@contextmanager
-def _without_cycle_collection() -> Iterator[None]:
-    """Compiling makes hundreds of thousands of small objects and no cycles worth collecting;
-    Python's cycle collector, walking them again and again, took a third of the time of a 2 MB file."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _compile(text: str, file: str, overrides: list[str], base_dir: Path | None) -> Compilation:

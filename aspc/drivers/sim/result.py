@@ -1,11 +1,10 @@
 """What a simulation reports: throughput, the bubble breakdown, the bound, staleness, a trace."""
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from aspc.drivers.sim.driver import Simulation
+from aspc.memory import no_cycle_collection
 from aspc.accounting.ledger import CATEGORIES, gaps, merge, split_by, step_function_positive
 
 
@@ -185,24 +184,9 @@ def simulate(plan, steps: int, pricing, progress=None) -> SimResult:
     """Run the plan for `steps` on the simulator with `pricing` (the sim backend's
     RooflinePricing, or a calibrated or fake one) and collect what it reports."""
     sim = Simulation(plan, steps, pricing, progress)
-    with _no_cycle_collection():
+    with no_cycle_collection():  # no reference cycles: refcounting frees it (driver.StepLengths)
         sim.run()
         return collect(sim)
-
-
-@contextmanager
-def _no_cycle_collection():
-    """The simulation keeps hundreds of thousands of small records alive (requests, finishes,
-    spans) and makes no reference cycles (refcounting frees it when it ends; driver.StepLengths):
-    Python's cyclic collector would only rescan them again and again (about 12% of r1_zero_671b's
-    20 steps). It runs again after."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 __all__ = ["SimResult", "simulate", "CATEGORIES"]
