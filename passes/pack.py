@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from aspc.ir.graph import MicroBatchShape, Stage, StageGraph, StageKind
-from aspc.costmodel.workload import sample_step
+from aspc.costmodel.workload import step_lengths
 from aspc.passes.base import Pass, PassError
 from aspc.algorithms.packing import bucket_for, choose_buckets, micro_batches
 
@@ -66,10 +66,15 @@ class Pack(Pass):
 def _fills(data, tokens: int, micro: int | None, ranks: int) -> list[int]:
     """The token fill of every micro-batch the sampled steps pack into (per streamed unit of
     `micro` samples when streamed), over `ranks` data-parallel ranks."""
-    lengths = [[s.tokens for s in sample_step(d, step)] for d in data for step in range(_steps(d))]
+    lengths = [_tokens(*step_lengths(d, step), d.group) for d in data for step in range(_steps(d))]
     if micro:  # streamed: a micro-batch packs one unit of `micro` samples, not a whole step
         lengths = [step[i:i + micro] for step in lengths for i in range(0, len(step), micro)]
     return [sum(mb) for step in lengths for rank in micro_batches(step, tokens, ranks) for mb in rank]
+
+
+def _tokens(prompts: list[int], responses: list[int], group: int) -> list[int]:
+    """Each sample's sequence length (sample k answers prompt k // group)."""
+    return [prompts[k // group] + response for k, response in enumerate(responses)]
 
 
 def _steps(data) -> int:

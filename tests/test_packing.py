@@ -30,6 +30,26 @@ def test_first_fit_decreasing_packs_everything_within_capacity(lengths, capacity
     assert sum(f * 2 <= capacity for f in fills) <= 1
 
 
+def _first_fit_one_item_at_a_time(lengths, capacity):
+    """The textbook first fit decreasing: every item, longest first (ties by index), scans the bins."""
+    bins, rooms = [], []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        k = next((k for k, room in enumerate(rooms) if room >= lengths[i]), len(bins))
+        if k == len(bins):
+            bins.append([])
+            rooms.append(capacity)
+        bins[k].append(i)
+        rooms[k] -= lengths[i]
+    return bins
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 60).flatmap(lambda cap: st.tuples(st.lists(st.integers(1, cap), max_size=60), st.just(cap))))
+def test_first_fit_decreasing_equals_the_textbook_algorithm(case):
+    lengths, capacity = case  # built bin by bin, it must give exactly the same bins, in the same order
+    assert first_fit_decreasing(lengths, capacity) == _first_fit_one_item_at_a_time(lengths, capacity)
+
+
 @pytest.mark.parametrize("weights, parts, best_spread", [
     ([3, 1, 1, 2, 2, 1], 2, 0),            # 5 | 5
     ([4, 5, 6, 7, 8], 2, 2),               # LDM gives 16 | 14 (optimum 15 | 15)

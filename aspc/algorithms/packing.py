@@ -3,44 +3,38 @@ micro-batches, and choose the static shape buckets a graph-mode executor compile
 Pure functions over lengths; the pack pass and the runtimes share them."""
 from __future__ import annotations
 
+import bisect
 import heapq
 from dataclasses import dataclass
+from operator import itemgetter
 
 
 def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     """Bin packing: indices of `lengths` grouped into bins of total <= capacity, longest first,
-    each into the first bin with room. A max-segment tree over the bins' free room finds that bin
-    in O(log bins); it is sized for the most bins first fit can open (any two of its bins hold more
-    than `capacity` together, so fewer than 2 x total / capacity + 1). Loops inlined: the
-    simulator packs every learner work of every step with it."""
+    each into the first bin with room (ties by index).
+
+    Built bin by bin, which gives the same bins: under first fit, bin k takes an item exactly when
+    the item fits beside what bin k took of the items before it, so bin k is a greedy scan of the
+    items bins 1..k-1 left, longest first. In that scan the next item that fits is the first one
+    at most the room left (lengths only fall), found by bisection: O(log n) per item in C, where a
+    search tree over the bins costs a Python loop per level (the simulator packs every learner
+    work of every step with it)."""
     order = sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)  # stable: ties by index
     if order and lengths[order[0]] > capacity:
         raise ValueError(f"item of length {lengths[order[0]]} exceeds the capacity {capacity}")
-    most = min(len(lengths), 2 * sum(lengths) // max(capacity, 1) + 1)
-    size = 1
-    while size < max(1, most):
-        size *= 2
-    best = [-1] * (2 * size)  # best[j]: the most room of any bin under node j (leaves: size + bin)
+    keys = [-lengths[i] for i in order]  # ascending, as bisect wants
     bins: list[list[int]] = []
-    for i in order:
-        need = lengths[i]
-        if best[1] >= need:
-            j = 1
-            while j < size:
-                j = 2 * j if best[2 * j] >= need else 2 * j + 1
-            bins[j - size].append(i)
-            best[j] -= need
-        else:
-            j = size + len(bins)
-            bins.append([i])
-            best[j] = capacity - need
-        while j > 1:  # up to the first ancestor whose maximum does not change
-            j //= 2
-            left, right = best[2 * j], best[2 * j + 1]
-            top = left if left >= right else right
-            if best[j] == top:
+    while order:
+        room, position, members = capacity, 0, []
+        while position < len(order):
+            position = bisect.bisect_left(keys, -room, position)  # the first item left <= room
+            if position == len(order):
                 break
-            best[j] = top
+            keys.pop(position)
+            item = order.pop(position)
+            members.append(item)
+            room -= lengths[item]
+        bins.append(members)
     return bins
 
 
@@ -61,8 +55,8 @@ def karmarkar_karp(weights: list[int], parts: int) -> list[list[int]]:
     while len(heap) > 1:
         _, _, a = heapq.heappop(heap)
         _, _, b = heapq.heappop(heap)
-        merged = sorted(((sa + sb, _join(ma, mb)) for (sa, ma), (sb, mb) in zip(a, reversed(b))),
-                        key=lambda x: -x[0])
+        merged = sorted([(sa + sb, _join(ma, mb)) for (sa, ma), (sb, mb) in zip(a, reversed(b))],
+                        key=itemgetter(0), reverse=True)  # stable: equal sums keep their order
         heapq.heappush(heap, (merged[-1][0] - merged[0][0], counter, merged))
         counter += 1
     return [sorted(_members(tree)) for _, tree in heap[0][2]]

@@ -67,6 +67,8 @@ class Controller:
         return []
 
     def _on_SamplesFinished(self, event: SamplesFinished) -> list:
+        if self.rebalancer is None and self.filter is None and self.gen.instances[event.instance].pending_sync is None:
+            return self._finished_together(event)
         actions = []
         for finished in event.finished:
             if self.rebalancer is not None:
@@ -74,8 +76,18 @@ class Controller:
             actions += self._on_SampleFinished(finished)
         return actions
 
+    def _finished_together(self, event: SamplesFinished) -> list:
+        """The common case of a decode step's finishes (no weight sync waits on the instance, no
+        rebalancer, no group filter) at once: the same actions in the same order as one at a time,
+        since the learner's units depend on the samples' order only."""
+        samples = self.gen.finish(event.instance, event.finished)
+        self._delivered(samples)
+        sample_done = self.learner.sample_done
+        works = [work for sample in samples for work in sample_done(sample)]
+        return self._route(works) if works else []
+
     def _on_SampleFinished(self, event: SampleFinished) -> list:
-        if not self.gen.finish(event.sample, event.instance, event.response_len, event.turns):
+        if not self.gen.finish(event.instance, (event,)):
             return []
         sample = event.sample
         if self.filter is None:
@@ -194,9 +206,10 @@ class Controller:
 
     # -- dynamic sampling --
     def _delivered(self, samples: list) -> None:
+        staleness, start_version, used = self.staleness, self.gen.start_version, self.used
         for sample in samples:
-            self.staleness[sample[0] - self.gen.start_version[sample]] += 1
-            self.used.add(sample)
+            staleness[sample[0] - start_version[sample]] += 1
+            used.add(sample)
 
     def _filter_scored(self) -> list:
         """Each group whose scores are in: the groups now sure to be in the step's batch join its

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 SampleId = tuple[int, int, int]  # (train step that consumes it, prompt within the step, index in group)
 
 
-@dataclass(frozen=True, slots=True)  # slots: made for every sample (a frozen dataclass's init is slow)
-class Request:
+class Request(NamedTuple):  # made for every sample: a named tuple is built ~3x faster than a frozen dataclass
     sample: SampleId
     prompt_len: int
     version: int  # the policy version the instance generates it with (its oldest, under partial rollout)
@@ -27,8 +27,7 @@ class InstanceIdle:
     capacity: int
 
 
-@dataclass(frozen=True, slots=True)  # slots: one per sample, as Request
-class SampleFinished:
+class SampleFinished(NamedTuple):  # one per sample, as Request
     sample: SampleId
     instance: int
     response_len: int  # tokens the model wrote (an episode's tool observations are not counted)

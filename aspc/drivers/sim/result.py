@@ -183,10 +183,12 @@ def _account_learners(sim: Simulation, wall: float) -> None:
 def simulate(plan, steps: int, pricing, progress=None) -> SimResult:
     """Run the plan for `steps` on the simulator with `pricing` (the sim backend's
     RooflinePricing, or a calibrated or fake one) and collect what it reports."""
-    sim = Simulation(plan, steps, pricing, progress)
     with no_cycle_collection():  # no reference cycles: refcounting frees it (driver.StepLengths)
+        sim = Simulation(plan, steps, pricing, progress)
         sim.run()
-        return collect(sim)
+        result = collect(sim)
+        del sim  # freed before the collector runs again: it would scan all of it once, for nothing
+    return result
 
 
 __all__ = ["SimResult", "simulate", "CATEGORIES"]
