@@ -17,7 +17,8 @@ class ThreadCommunicator:
         return self.hub.exchange(key, group.index(self.rank), len(group), value)
 
     def all_gather(self, tensor, group):
-        return [t.clone() for t in self._exchange(group, tensor)]
+        # what was sent, as sent: a rank may write into its tensor once the collective is over
+        return [t.clone() for t in self._exchange(group, tensor.clone())]
 
     def broadcast(self, tensor, src, group):
         sent = self._exchange(group, tensor if self.rank == src else None)[group.index(src)]

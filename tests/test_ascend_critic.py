@@ -5,18 +5,22 @@ platform faked (megatron's forward needs CUDA/NPU: a packed-row model over the C
 layers stands for the GPTModel, under the real ValueHead)."""
 import copy
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from aspc.backends.ascend.critic import MegatronCritic, PolicyWithCritic, ValueHead
+from aspc.backends.ascend.data_parallel import RankGroup
 from aspc.backends.ascend.lowering import lower
 from aspc.backends.ascend.run_executors import AscendExecutors
-from aspc.backends.ascend.trainer_actor import pack
+from aspc.backends.ascend.packing import pack
 from aspc.backends.cpu.executors import CpuExecutors
 from aspc.backends.cpu.learner import Learner, Rollout
 from aspc.plan.toolchain import compile_with_passes
 from conftest import ROOT
+from fake_comm import run_ranks
+from fake_pipeline import PipelineStage, pipeline_schedule
 from test_ascend_conformance import megatron_012  # noqa: F401 (a fixture)
 from test_ascend_executors import fake_platform, npu_trains_as_cpu, one_rank  # noqa: F401 (a fixture)
 
@@ -75,10 +79,51 @@ def forward_backward(forward_step_func, data_iterator, model, num_microbatches, 
     return found
 
 
-def fake_critic(cpu_critic, stage: dict, settings) -> MegatronCritic:
+def data_parallel_schedule(comm, group: list):
+    """forward_backward, then megatron DDP's gradient all-reduce over the data-parallel group
+    (finalize_model_grads at the end of every schedule that trains: the average, 1 / dp)."""
+
+    def schedule(**kwargs):
+        found = forward_backward(**kwargs)
+        if not kwargs["forward_only"]:
+            for p in kwargs["model"][0].parameters():
+                if p.grad is not None:
+                    p.grad.copy_(sum(comm.all_gather(p.grad, group)) / len(group))
+        return found
+
+    return schedule
+
+
+def fake_critic(cpu_critic, stage: dict, settings, comm=None, group=(0,)) -> MegatronCritic:
+    """The critic over PackedValueModel, one rank or a data-parallel rank of `group`."""
     model = PackedValueModel(cpu_critic)
+    schedule = forward_backward if comm is None else data_parallel_schedule(comm, list(group))
     return MegatronCritic(stage, settings, model, ClippedAdamW(model, settings.critic_lr, settings.grad_clip),
-                          forward_backward)
+                          schedule, (RankGroup(comm, tuple(group)), RankGroup()))
+
+
+class PackedValueStage(PipelineStage):
+    """A pipeline stage of a PackedValueModel (its own copy of the weights): layers `layers` of the
+    CPU critic's body; the last stage's output layer is the ValueHead."""
+
+    def __init__(self, cpu_critic, layers: range, pre_process: bool, post_process: bool):
+        whole = PackedValueModel(cpu_critic)
+        super().__init__(whole.body, layers, pre_process, post_process)
+        self.output_layer = whole.output_layer if post_process else None
+
+    def head(self, hidden):
+        values, _ = self.output_layer(hidden.transpose(0, 1))
+        return values.transpose(0, 1)
+
+    scale_gradients = PackedValueModel.scale_gradients
+
+
+def pipelined_critic(cpu_critic, stage: dict, settings, comm) -> MegatronCritic:
+    """Pipeline stage comm.rank of two (one layer each) of the critic."""
+    model = PackedValueStage(cpu_critic, range(comm.rank, comm.rank + 1), comm.rank == 0, comm.rank == 1)
+    schedule = pipeline_schedule(comm, [0, 1], cpu_critic.arch.hidden)
+    return MegatronCritic(stage, settings, model, ClippedAdamW(model, settings.critic_lr, settings.grad_clip),
+                          schedule, (RankGroup(), RankGroup(comm, (0, 1))))
 
 
 def critic_launch(plan) -> dict:
@@ -130,12 +175,87 @@ def test_the_value_head_and_clipped_value_loss_match_the_cpu_learner_on_a_fixed_
     assert critic.tokens == 0 and head.weight.grad is None
 
 
+def critic_step(critic, generator_seed: int = 0) -> dict:
+    """values, then (old values moved off, so that the value clip acts) train and the optimizer step;
+    what each gave."""
+    rollouts = fixed_rollouts(torch.Generator().manual_seed(generator_seed))
+    critic.values(rollouts)
+    values = {r.key: list(r.values) for r in rollouts}
+    for r in rollouts:
+        r.values = [v + 0.05 * (-1) ** t for t, v in enumerate(r.values)]
+    critic.train(rollouts)
+    head = getattr(critic.model, "output_layer", None)
+    grads = {name: p.grad.clone() for name, p in critic.model.named_parameters() if p.grad is not None}
+    summary = critic.optimizer_step()
+    return {"values": values, "grads": grads, "summary": summary,
+            "head": head.weight.detach().clone() if head is not None else None}
+
+
+def test_a_two_rank_data_parallel_critic_trains_as_the_one_rank_critic_on_the_same_batch():
+    """Each rank takes every other packed row: the values gathered on both ranks, the step's value
+    loss, the value head's gradients (DDP's average over two ranks is half the one rank's sum) and
+    the head after the step equal the one-rank critic's on the same rollouts."""
+    plan = compile_with_passes(PPO).plan()
+    cpu = CpuExecutors(plan, PPO.parent)
+    settings = dataclasses.replace(cpu._settings(), value_clip=0.01)
+    cpu_critic = cpu._critic()
+    stage = critic_launch(plan)
+    stage["micro_batching"]["tokens"] = 16  # five rows: three on rank 0, two on rank 1
+    assert len(pack(fixed_rollouts(torch.Generator().manual_seed(0)), 16)) == 5
+    one = critic_step(fake_critic(cpu_critic, stage, settings))
+    ranks = run_ranks(2, lambda comm: critic_step(fake_critic(cpu_critic, stage, settings, comm, (0, 1))))
+    for two in ranks:
+        assert two["values"].keys() == one["values"].keys()
+        for key, values in one["values"].items():
+            assert two["values"][key] == pytest.approx(values, abs=1e-6)
+        assert two["summary"]["value_loss"] == pytest.approx(one["summary"]["value_loss"], abs=1e-7)
+        assert two["summary"]["critic_grad_norm"] == pytest.approx(one["summary"]["critic_grad_norm"], rel=1e-5)
+        assert two["grads"].keys() == one["grads"].keys()
+        for name, grad in one["grads"].items():
+            assert torch.allclose(2 * two["grads"][name], grad, atol=1e-6), name
+        assert torch.allclose(two["head"], one["head"], atol=1e-6)
+
+
+def test_a_two_stage_pipelined_critic_trains_as_the_one_rank_critic_on_the_same_batch():
+    """Stage 0 embeds and runs layer 0, stage 1 layer 1, the norm and the value head; megatron's
+    schedule hands hidden states on and input gradients back. The values and the step's value loss
+    reach both stages, and every parameter's gradient (each on the stage that holds it) equals the
+    one-rank critic's."""
+    plan = compile_with_passes(PPO).plan()
+    cpu = CpuExecutors(plan, PPO.parent)
+    settings = dataclasses.replace(cpu._settings(), value_clip=0.01, grad_clip=0.0)  # clip norms are per stage here
+    cpu_critic = cpu._critic()
+    assert cpu_critic.arch.layers == 2
+    stage = critic_launch(plan)
+    stage["micro_batching"]["tokens"] = 16
+    one = critic_step(fake_critic(cpu_critic, stage, settings))
+    first, last = run_ranks(2, lambda comm: critic_step(pipelined_critic(cpu_critic, stage, settings, comm)))
+    for ranked in (first, last):
+        for key, values in one["values"].items():
+            assert ranked["values"][key] == pytest.approx(values, abs=1e-6)
+        assert ranked["summary"]["value_loss"] == pytest.approx(one["summary"]["value_loss"], abs=1e-7)
+    held = {**first["grads"], **last["grads"]}
+    assert not first["grads"].keys() & last["grads"].keys()
+    assert {n.replace("whole.", "body.") for n in held} == one["grads"].keys()
+    for name, grad in held.items():
+        assert torch.allclose(grad, one["grads"][name.replace("whole.", "body.")], atol=1e-6), name
+
+
+def test_a_rank_without_a_row_of_its_own_runs_a_filler_that_counts_no_token():
+    """Fewer rows than data-parallel ranks: the last rank still runs one micro-batch (megatron's
+    gradient all-reduce needs every rank), with nothing in its loss."""
+    rows = pack(fixed_rollouts(torch.Generator().manual_seed(0)), 64)
+    [filler] = RankGroup(SimpleNamespace(rank=3), (0, 1, 2, 3)).share(rows)
+    assert len(rows) < 4 and float(filler.loss_mask.sum()) == 0.0 and filler.keys == rows[0].keys
+
+
 def test_the_policy_trainer_packs_the_gae_advantages_the_cpu_learner_computes():
     """PPO's policy update on NPUs reads each response token's GAE advantage (whitened) from the
     critic's values, at the label position of that token, as the CPU learner computes them."""
     from types import SimpleNamespace
 
-    from aspc.backends.ascend.trainer_actor import MegatronTrainer, per_sequence
+    from aspc.backends.ascend.megatron_trainer import MegatronTrainer
+    from aspc.backends.ascend.packing import per_sequence
 
     cpu = CpuExecutors(compile_with_passes(PPO).plan(), PPO.parent)
     settings = dataclasses.replace(cpu._settings(), normalize=True)
@@ -240,9 +360,20 @@ def test_aspc_run_tiny_ppo_backend_ascend_trains_the_critic_as_the_cpu_backend(a
     assert isinstance(executors.learner, PolicyWithCritic) and executors.learner.policy.learner.critic is None
 
 
+def laid_out(tmp_path, critic: str, train: str):
+    """separate_ppo with the trainer's pool of two NPUs and the critic's and train stage's layouts."""
+    text = separate_ppo(tmp_path).read_text().replace("pool cpu = cpu x 1", "pool cpu = cpu x 2")
+    text = text.replace("on cpu { lr = 1e-3 }", f"on cpu {{ lr = 1e-3, {critic} }}")
+    path = tmp_path / "laid_out.aspl"
+    path.write_text(text.replace("loss = ppo,", f"loss = ppo, {train},"))
+    return AscendExecutors.unsupported(compile_with_passes(path, ["schedule.staleness=0"]).plan())
+
+
 def test_critics_the_npu_run_cannot_place_are_refused_at_the_critic_stage(tmp_path):
-    """The critic is built beside trainer rank 0: on a pool of its own, or with more than one rank,
-    it is refused with a message; tiny_ppo's critic (the trainer's NPU) is not."""
+    """The critic is built on the trainer's ranks: on a pool of its own, with a layout other than
+    the train stage's, or with context parallelism, it is refused at the option that causes it;
+    tiny_ppo's critic (the trainer's NPU) and a critic with the trainer's data, tensor or pipeline
+    parallelism are not."""
     plan = compile_with_passes(separate_ppo(tmp_path), ["schedule.staleness=0"]).plan()
     assert AscendExecutors.unsupported(plan) == []
     elsewhere = separate_ppo(tmp_path).read_text().replace("pool cpu = cpu x 1", "pool cpu = cpu x 1\npool v = cpu x 1")
@@ -250,3 +381,9 @@ def test_critics_the_npu_run_cannot_place_are_refused_at_the_critic_stage(tmp_pa
     path.write_text(elsewhere.replace("critic(value, gen) on cpu", "critic(value, gen) on v"))
     [refused] = AscendExecutors.unsupported(compile_with_passes(path).plan())
     assert refused.stage == "values" and "pool 'cpu'" in refused.hint
+    for layout in ("dp = 2", "tp = 2", "pp = 2"):
+        assert laid_out(tmp_path, layout, layout) == [], layout
+    [other] = laid_out(tmp_path, "dp = 1", "dp = 2")
+    assert other.option == "dp" and "dp = 2 as the train stage" in other.hint
+    [split] = laid_out(tmp_path, "cp = 2", "cp = 2")
+    assert split.option == "cp" and "context-parallel" in split.message

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from aspc.backends.ascend import reshard
 from aspc.backends.ascend.lowering import lower
-from aspc.backends.ascend.trainer_actor import arch_of
+from aspc.backends.ascend.megatron_model import arch_of
 from aspc.backends.ascend.weight_sync import coords_of
 from aspc.ir.graph import Parallel
 from conftest import ROOT
@@ -55,7 +55,7 @@ def write_checkpoint(folder, hf: dict, shards: int = 1) -> None:
 
 @pytest.mark.parametrize("qwen3", [False, True], ids=["qwen2", "qwen3"])
 def test_every_parameter_of_a_one_rank_model_is_the_mapped_checkpoint_tensor(one_rank, tmp_path, qwen3):  # noqa: F811
-    from aspc.backends.ascend.trainer_actor import build_gpt, load_checkpoint
+    from aspc.backends.ascend.megatron_model import build_gpt, load_checkpoint
 
     stage = train_stage(qwen3)
     arch = arch_of(stage)
@@ -74,7 +74,7 @@ def test_every_parameter_of_a_one_rank_model_is_the_mapped_checkpoint_tensor(one
 
 def test_the_critic_body_loads_and_its_value_head_stays_fresh(one_rank, tmp_path):  # noqa: F811
     from aspc.backends.ascend.critic import value_model
-    from aspc.backends.ascend.trainer_actor import load_checkpoint
+    from aspc.backends.ascend.megatron_model import load_checkpoint
 
     stage = train_stage()
     arch = arch_of(stage)
@@ -90,7 +90,7 @@ def test_the_critic_body_loads_and_its_value_head_stays_fresh(one_rank, tmp_path
 
 def test_a_second_pipeline_stage_model_gets_its_layers_renumbered_and_the_output_layer(one_rank, tmp_path):  # noqa: F811
     """A model built as stage 1 of 2 (one local layer, no embedding) holds global layer 1 as layer 0."""
-    from aspc.backends.ascend.trainer_actor import build_gpt
+    from aspc.backends.ascend.megatron_model import build_gpt
 
     stage = train_stage()
     arch = arch_of(stage)
@@ -130,7 +130,7 @@ def test_each_rank_reads_the_shard_megatron_holds(tmp_path, arch, par):
 
 
 def test_a_tensor_missing_from_the_checkpoint_is_named_with_the_files(one_rank, tmp_path):  # noqa: F811
-    from aspc.backends.ascend.trainer_actor import build_gpt, load_checkpoint
+    from aspc.backends.ascend.megatron_model import build_gpt, load_checkpoint
 
     stage = train_stage()
     arch = arch_of(stage)
@@ -148,7 +148,7 @@ def test_a_tensor_missing_from_the_checkpoint_is_named_with_the_files(one_rank, 
 def test_a_checkpoint_of_a_deeper_model_is_refused(one_rank, tmp_path):  # noqa: F811
     """A tensor no parameter is made of (not one of the known extras) says that the checkpoint is
     another model's."""
-    from aspc.backends.ascend.trainer_actor import build_gpt, load_checkpoint
+    from aspc.backends.ascend.megatron_model import build_gpt, load_checkpoint
 
     stage = train_stage()
     arch = arch_of(stage)
@@ -164,11 +164,12 @@ def test_the_frozen_reference_loads_the_reference_stages_checkpoint(one_rank, tm
     """tiny_grpo's reference stage (frozen(actor)) names the checkpoint the trainer's ranks build their
     frozen reference from: eval mode, no gradients, the checkpoint's weights; a reference of another
     architecture is refused (it is built on the policy's ranks and layout). CPU: weights initialised on CPU."""
-    from aspc.backends.ascend import trainer_actor
-    from aspc.backends.ascend.trainer_actor import frozen_reference, reference_checkpoint
+    from aspc.backends.ascend import reference_model
+    from aspc.backends.ascend.reference_model import frozen_reference, reference_checkpoint
 
-    build = trainer_actor.build_gpt
-    monkeypatch.setattr(trainer_actor, "build_gpt", lambda stage, args: build(stage, args, use_cpu_initialization=True))
+    build = reference_model.build_gpt
+    monkeypatch.setattr(reference_model, "build_gpt",
+                        lambda stage, args: build(stage, args, use_cpu_initialization=True))
 
     launch = lower(tiny_plan(), ROOT / "pipelines")
     stages = [dataclasses.asdict(s) for s in launch.stages]

@@ -370,12 +370,14 @@ def test_colocated_ranks_each_hold_the_whole_uneven_mla_moe_checkpoint():
     full = random_full(arch, layout, seed=11)
     states = rank_states(arch, full, par, layout)
     hf = reshard.to_hf(arch, full, layout)
-    for whole in run_ranks(par.devices, lambda comm: whole_hf_in_place(arch, states[comm.rank], par, comm, layout)):
+    # the stream gathers as it goes: every rank iterates it at once (dict(...) on the rank's thread)
+    wholes = run_ranks(par.devices, lambda comm: dict(whole_hf_in_place(arch, states[comm.rank], par, comm, layout)))
+    for whole in wholes:
         assert_same(whole, hf)
 
 
 def test_the_r1_zero_671b_trainer_reads_back_the_layout_megatron_builds():
-    """What every trainer rank reads back from the lowered launch stage (trainer_actor.layout_of) is the
+    """What every trainer rank reads back from the lowered launch stage (megatron_model.layout_of) is the
     plan's architecture, and a Layout whose stage layer counts are megatron-core's for that config; the
     lowered config builds MLA's q/kv layernorms (DeepSeek's q_a_layernorm, kv_a_layernorm)."""
     pytest.importorskip("megatron.core")
@@ -385,7 +387,7 @@ def test_the_r1_zero_671b_trainer_reads_back_the_layout_megatron_builds():
 
     from aspc.backends.ascend.executors import materialize
     from aspc.backends.ascend.lowering import lower
-    from aspc.backends.ascend.trainer_actor import layout_of
+    from aspc.backends.ascend.megatron_model import layout_of
     from aspc.plan.toolchain import compile_with_passes
     from conftest import ROOT
 

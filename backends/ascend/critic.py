@@ -5,16 +5,25 @@ on the plan's packed micro-batches for GAE, and the clipped value loss (backends
 `value_loss`, verl `compute_value_loss`) with an optimizer step of its own (verl
 `verl/workers/critic/megatron_critic.py`).
 
-The critic runs in the trainer's process, on its NPUs and megatron process groups (as verl's
-colocated actor and critic workers share megatron's parallel state); run_executors.unsupported
-refuses the plans where that does not hold. Like the CPU learner, gradients are micro-batch sums,
-divided by the step's response tokens at the optimizer step."""
+The critic runs in the trainer's processes, on their NPUs and megatron process groups (as verl's
+colocated actor and critic workers share megatron's parallel state): rank 0 builds its share beside
+the policy trainer and has every other rank build its own (call_broadcast.py: "attach_critic"),
+then leads the critic's calls as the policy's. Each data-parallel rank runs its share of the packed
+micro-batches (data_parallel.py) through megatron's schedule (pipeline stages included): the last
+stage's values reach every stage and are gathered back over the data-parallel group for GAE,
+megatron's DDP averages the gradients, the step's tokens and losses are summed over the groups.
+`critic_refusals` refuses the plans where that does not hold. Like the CPU learner, gradients are
+micro-batch sums, divided by the step's response tokens at the optimizer step."""
 from __future__ import annotations
 
 import torch
 
-from aspc.backends.ascend.trainer_actor import (MegatronTrainer, Offloadable, build_gpt, load_checkpoint, materialize,
-                                                pack, per_sequence)
+from aspc.backends.ascend.call_broadcast import CALLS, Leader, broadcast_call
+from aspc.backends.ascend.data_parallel import RankGroup, stage_groups
+from aspc.backends.ascend.megatron_model import build_gpt, load_checkpoint, materialize
+from aspc.backends.ascend.megatron_trainer import MegatronTrainer
+from aspc.backends.ascend.offload import Offloadable
+from aspc.backends.ascend.packing import feed, pack, per_sequence
 from aspc.backends.cpu.losses import gae, value_loss, whiten
 from aspc.plan.execution_plan import ExecutionPlan, StageRefusal
 
@@ -70,16 +79,32 @@ def per_position(mb, per_key: dict) -> torch.Tensor:
 class MegatronCritic(Offloadable):  # leaves the NPU with the policy trainer on a time-shared pool
     """The critic's calls (values, train, optimizer_step) on one megatron rank. `model`, `optimizer`
     and `step_func` are megatron's (DDP-wrapped value model, get_megatron_optimizer,
-    get_forward_backward_func) unless given (the CPU tests' fakes)."""
+    get_forward_backward_func) unless given (the CPU tests' fakes); `groups`: this rank's
+    data-parallel and pipeline groups (data_parallel.stage_groups; one rank without them)."""
 
-    def __init__(self, stage: dict, settings, model, optimizer, step_func):
+    def __init__(self, stage: dict, settings, model, optimizer, step_func, groups: tuple | None = None):
         self.stage, self.settings = stage, settings
         self.model, self.optimizer, self.step_func = model, optimizer, step_func
+        self.dp, self.pp = groups or (RankGroup(), RankGroup())
         self.tokens, self.loss = 0, 0.0  # the step's response tokens and summed value loss
         self.offloaded: list = []  # the restore steps of what `offload` moved to host memory
 
     @classmethod
     def build(cls, stage: dict, rank_args: dict, settings):
+        """The critic on rank 0 of the trainer's job (run_executors.build_critic). On a job of several
+        ranks every other rank first builds its share (its trainer's `attach_critic`), and rank 0's
+        critic leads their calls as the policy's Leader does."""
+        import torch.distributed as dist
+
+        if not (dist.is_initialized() and dist.get_world_size() > 1):
+            return cls.build_rank(stage, rank_args, settings)
+        with CALLS:
+            broadcast_call(("attach_critic", (stage,)))
+            critic = cls.build_rank(stage, rank_args, settings)
+        return Leader(critic, prefix="critic.")
+
+    @classmethod
+    def build_rank(cls, stage: dict, rank_args: dict, settings):
         """This rank's critic from the critic stage's launch plan: the optimizer is the trainer's
         (Adam, decoupled weight decay as the CPU critic's AdamW) at the critic stage's lr."""
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -90,24 +115,36 @@ class MegatronCritic(Offloadable):  # leaves the NPU with the policy trainer on 
         config = OptimizerConfig(optimizer="adam", lr=settings.critic_lr, weight_decay=0.01,
                                  clip_grad=settings.grad_clip, bf16=stage["config"].get("bf16", False),
                                  params_dtype=materialize(stage["config"])["params_dtype"])
-        return cls(stage, settings, model, get_megatron_optimizer(config, [model]), get_forward_backward_func())
+        device = next(model.parameters()).device
+        return cls(stage, settings, model, get_megatron_optimizer(config, [model]), get_forward_backward_func(),
+                   stage_groups(stage, device))
 
     def _run(self, batches: list, loss_func, forward_only: bool) -> list:
+        """megatron's schedule over `batches`; `loss_func(values [1, T], mb)` runs on the last
+        pipeline stage only (the others hand hidden states on), whose results it returns."""
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
-            values = model(mb.input_ids, mb.position_ids, mb.attention_mask)[..., 0]
-            return values, lambda output: loss_func(output, mb)
+            output = model(mb.input_ids, mb.position_ids, mb.attention_mask)
+            return output, lambda values: loss_func(values[..., 0], mb)
 
-        return self.step_func(forward_step_func=forward_step, data_iterator=iter(batches), model=[self.model],
-                              num_microbatches=len(batches), seq_length=self.stage["micro_batching"]["tokens"],
-                              micro_batch_size=1, forward_only=forward_only) or []
+        return self.step_func(forward_step_func=forward_step, data_iterator=feed(batches, self.model),
+                              model=[self.model], num_microbatches=len(batches),
+                              seq_length=self.stage["micro_batching"]["tokens"], micro_batch_size=1,
+                              forward_only=forward_only) or []
 
     def values(self, rollouts: list) -> None:
-        """Each rollout's values at the positions that predict its response tokens (forward only)."""
-        batches = pack(rollouts, self.stage["micro_batching"]["tokens"])
+        """Each rollout's values at the positions that predict its response tokens (forward only):
+        each data-parallel rank computes its share of the rows (on its last pipeline stage, which
+        hands them to the other stages), then every rank gathers them all."""
+        tokens = self.stage["micro_batching"]["tokens"]
+        batches = pack(rollouts, tokens)
+        mine = self.dp.share(batches)
         with torch.no_grad():
-            found = self._run(batches, lambda out, mb: (out.sum() * 0, {"values": per_sequence(out, mb)}), True)
-        merged = {key: v for stats in found for key, v in stats["values"].items()}
+            found = self._run(mine, lambda out, mb: (out.sum() * 0, {"values": out}), True)
+        rows = torch.cat([stats["values"].float() for stats in found]) if self.pp.last else \
+            torch.zeros(len(mine), tokens, device=self.dp.device)
+        rows = self.dp.gather_rows(self.pp.summed(rows), len(batches)).cpu()
+        merged = {key: v for row, mb in zip(rows, batches) for key, v in per_sequence(row[None], mb).items()}
         for r in rollouts:
             r.values = merged[r.key]
 
@@ -116,7 +153,7 @@ class MegatronCritic(Offloadable):  # leaves the NPU with the policy trainer on 
         tokens, clipped around the values the critic stage gave (value_clip > 0)."""
         s = self.settings
         _, returns = gae_targets(rollouts, s)
-        batches = pack(rollouts, self.stage["micro_batching"]["tokens"])
+        batches = self.dp.share(pack(rollouts, self.stage["micro_batching"]["tokens"]))
         old = {r.key: r.values for r in rollouts}
         count = len(batches)
 
@@ -124,19 +161,21 @@ class MegatronCritic(Offloadable):  # leaves the NPU with the policy trainer on 
             loss = s.value_coef * value_loss(output, per_position(mb, old), per_position(mb, returns), mb.loss_mask,
                                              s.value_clip)
             # megatron divides a 2-tuple loss by the micro-batch count; the sum is divided at the step
-            return loss * count, {"value_loss": loss.detach(), "tokens": mb.loss_mask.sum()}
+            return loss * count, {"value_loss": loss.detach()}
 
-        for stats in self._run(batches, loss_func, False):
+        for stats in self._run(batches, loss_func, False):  # the last pipeline stage's
             self.loss += float(stats["value_loss"])
-            self.tokens += int(stats["tokens"])
+        self.tokens += int(sum(mb.loss_mask.sum() for mb in batches))  # every stage's
 
     def optimizer_step(self) -> dict:
-        """The critic's step: the summed gradients over the step's response tokens, clipped, Adam."""
-        tokens = max(self.tokens, 1)
-        self.model.scale_gradients(1.0 / tokens)
+        """The critic's step: the summed gradients over the step's response tokens (of every
+        data-parallel rank; DDP averaged the gradients over them), clipped, Adam."""
+        tokens = max(self.dp.total(self.tokens), 1)
+        loss = self.dp.total(self.pp.total(self.loss))  # the last stage's, on every stage
+        self.model.scale_gradients(self.dp.gradient_scale(tokens))
         succeeded, grad_norm, _ = self.optimizer.step()
         self.optimizer.zero_grad()
-        summary = {"value_loss": self.loss / tokens, "critic_grad_norm": float(grad_norm or 0.0)}
+        summary = {"value_loss": loss / tokens, "critic_grad_norm": float(grad_norm or 0.0)}
         self.tokens, self.loss = 0, 0.0
         return summary | ({} if succeeded else {"critic_update_skipped": True})
 
@@ -173,19 +212,30 @@ class PolicyWithCritic:
         self.critic.onload()
 
 
+AXES = ("tp", "pp", "dp", "cp")  # the layout the critic shares with the trainer's megatron parallel state
+
+
 def critic_refusals(plan: ExecutionPlan, stage) -> list[StageRefusal]:
-    """What the in-process critic cannot run: it is built on the trainer's rank 0, with its NPU and
-    megatron parallel state, so it must sit on the trainer's one NPU; the ranks > 0 of a megatron job
-    follow the policy's calls only (executors.run_follower builds no critic)."""
+    """What the critic on the trainer's ranks cannot run: it shares their NPUs and megatron parallel
+    state, so it must sit on the train stage's devices with its parallel layout; its data-parallel
+    ranks split the work, pipeline stages hand on what the last computes (tensor parallelism is
+    megatron's own), but values of sequences cut by context parallelism are not gathered."""
     train = plan.stages_of("train")[0]
-    if stage.parallel.devices > 1 or train.parallel.devices > 1:
-        return [StageRefusal(stage.name, f"stage '{stage.name}': the NPU critic runs on trainer rank 0 only "
-                             f"(critic {stage.parallel.devices} NPUs, train {train.parallel.devices}); the "
-                             "other ranks of a megatron job do not run the critic's calls yet",
-                             "give the critic and the train stage one NPU each (tp = pp = dp = 1), or run it "
-                             "with --backend cpu")]
-    if (stage.pool, list(stage.instances[0].devices)) != (train.pool, list(train.instances[0].devices)):
+    mine, theirs = stage.parallel, train.parallel
+    differs = next((axis for axis in AXES if getattr(mine, axis) != getattr(theirs, axis)), None)
+    if stage.pool != train.pool or (not differs and stage.instances[0].devices != train.instances[0].devices):
         return [StageRefusal(stage.name, f"stage '{stage.name}': the NPU critic is built in the trainer's "
-                             "process, on its NPU, but the plan places it elsewhere",
-                             f"put the critic on the train stage's pool '{train.pool}' (the same NPU)", "placement")]
+                             "processes, on their NPUs, but the plan places it elsewhere",
+                             f"put the critic on the train stage's pool '{train.pool}' (the same NPUs)", "placement")]
+    if differs:
+        return [StageRefusal(stage.name, f"stage '{stage.name}': the NPU critic runs on the trainer's megatron "
+                             f"ranks and parallel state, so it needs the train stage's layout (critic {mine}, "
+                             f"train {theirs})",
+                             f"give the critic tp = {theirs.tp}, pp = {theirs.pp}, dp = {theirs.dp} as the train "
+                             "stage", differs)]
+    if mine.cp > 1:
+        return [StageRefusal(stage.name, f"stage '{stage.name}': the NPU critic's values are not gathered over "
+                             f"context-parallel ranks yet (cp = {mine.cp})",
+                             "train with cp = 1 (data, tensor and pipeline parallelism work), or run it with "
+                             "--backend cpu", "cp")]
     return []

@@ -16,6 +16,7 @@ level the launch plan's `weight_refresh` gives (the worker needs the engine buil
 vllm-ascend's worker). vLLM is imported only when an engine is built (`vllm_api`)."""
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -44,6 +45,31 @@ class PublishedWeights:
     version: int
     update_info: dict
     sender: Any = field(compare=False)  # .start(version, instance) -> pending; .wait(pending)
+
+
+# What places one engine process (its NPUs, its HCCL ports): set while vLLM starts the engine's
+# processes, which inherit it, then put back, so the next engine on this host and the trainer's
+# rank here keep their own. The rest (VLLM_*) stays: vLLM reads it in this process too.
+PLACEMENT_ENV = ("ASCEND_RT_VISIBLE_DEVICES", "HCCL_HOST_SOCKET_PORT_RANGE", "HCCL_NPU_SOCKET_PORT_RANGE")
+
+
+@contextlib.contextmanager
+def engine_environment(env: dict):
+    """`env` in this process's environment while an engine starts; its placement variables only then.
+    vLLM 0.23.0 starts each engine's core (and its tensor-parallel workers) as new processes
+    (vllm/v1/engine/core_client.py, vllm/v1/executor/multiproc_executor.py), so each engine gets the
+    NPUs named here, which vllm-ascend's NPU IPC engine maps to physical chips
+    (npu_ipc_engine.npu_generate_uuid) to find the trainer rank on the same chip."""
+    before = {key: os.environ.get(key) for key in PLACEMENT_ENV}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def vllm_api():
@@ -77,8 +103,8 @@ class VllmEngine:
         driver can hand the actor an unstarted copy."""
         if self._llm is None:
             self.api = self.api or vllm_api()
-            os.environ.update(self.env)
-            self._llm = self.api.LLM(**self.launch["config"])
+            with engine_environment(self.env):
+                self._llm = self.api.LLM(**self.launch["config"])
         return self._llm
 
     @property

@@ -42,6 +42,9 @@ JUDGE_MEMORY = 0.9
 # vllm-ascend's non-KV memory beyond the weights: the profile run's activation peak, ACL graphs, HCCL
 # buffers, the CANN context (an estimate read from worker.py's accounting, never measured on an NPU)
 ENGINE_RUNTIME_BYTES = 4 * GIB
+# The NPU IPC buffer of a colocated refresh: vllm-ascend's DEFAULT_PACKED_BUFFER_SIZE_BYTES
+# (vllm_ascend/distributed/weight_transfer/packed_tensor.py); the send widens it to the largest tensor
+WEIGHT_BUCKET_BYTES = GIB
 SLEEP_LEVEL = 1  # offload weights to host memory, drop the KV cache (vLLM's level 2 drops the weights too)
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # RL engines must not keep weights in the FRACTAL_NZ layout: refreshed weights arrive in ND.
@@ -166,11 +169,12 @@ def transfer_backend(stage: StagePlan) -> str:
 
 def weight_refresh(stage: StagePlan) -> dict:
     """The LLM calls of one weight refresh, in order. Colocated engines sleep while the learner
-    runs and wake their weights first, then receive them, then wake the KV cache."""
+    runs and wake their weights first, then receive them (through an NPU IPC buffer of
+    `bucket_bytes` per trainer rank), then wake the KV cache."""
     backend = transfer_backend(stage)
     if stage.placement != "time_shared":
         return {"backend": backend, "calls": TRANSFER_CALLS}
-    return {"backend": backend, "sleep": {"call": "sleep", "level": SLEEP_LEVEL},
+    return {"backend": backend, "sleep": {"call": "sleep", "level": SLEEP_LEVEL}, "bucket_bytes": WEIGHT_BUCKET_BYTES,
             "calls": [{"call": "wake_up", "tags": ["weights"]}, *TRANSFER_CALLS,
                       {"call": "wake_up", "tags": ["kv_cache"]}]}
 

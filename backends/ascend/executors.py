@@ -2,18 +2,18 @@
 that runs on an NPU, so this module imports on any machine; `require_npu` says clearly what is
 missing.
 
-    python -m aspc.backends.ascend.executors {generate|train|reference|critic} --plan launch.json ...
+    python -m aspc.backends.ascend.executors {generate|train|reward} --plan launch.json ...
 
 What runs where:
 - generation instances are `VllmEngine`s (engine_actor.py) and the learner is rank 0 of the train
-  job, a `MegatronTrainer` behind a `Leader` (trainer_actor.py): the Ray driver holds them as actors
-  and the controller drives them through the executor roles, as it drives the CPU backend's;
+  job, a `MegatronTrainer` behind a `Leader` (megatron_trainer.py, call_broadcast.py): the Ray
+  driver holds them as actors and the controller drives them through the executor roles, as it drives the CPU backend's;
 - the train job's other ranks are the processes this module starts with `--rank N` (N > 0): they
   receive rank 0's settings, build their share of the model and `follow` every model call of
   rank 0, in order, until it stops;
 - weights go from trainer to engines as weight_sync.py describes (vllm-ascend's HCCL broadcast of
-  Hugging Face tensors from rank 0; for colocated pools every rank's whole model, assembled by
-  MindSpeed-RL's in-place reshard, through vllm-ascend's NPU IPC engine).
+  Hugging Face tensors from rank 0; for colocated pools every rank's whole model, streamed one
+  parameter at a time (hf_stream.py) through vllm-ascend's NPU IPC engine).
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ import json
 import os
 import sys
 
-from aspc.backends.ascend.trainer_actor import materialize  # noqa: F401  (the launch plan's dtypes, for tests)
-from aspc.backends.ascend.trainer_actor import reference_checkpoint
+from aspc.backends.ascend.megatron_model import materialize  # noqa: F401  (the launch plan's dtypes, for tests)
+from aspc.backends.ascend.reference_model import reference_checkpoint
 
 
 class AscendUnavailable(Exception):
@@ -64,22 +64,22 @@ def hccl_sender(groups: dict):
     return send
 
 
-def npu_ipc_sender():
+def npu_ipc_sender(bucket_bytes: int):
     """A trainer rank's send over vllm-ascend's NPU IPC engine (colocated pools): every rank of the
     job calls it together (the IPC handles are all-gathered over the default group); each chunk goes
-    through one IPC buffer on the rank's NPU and rank 0 calls `deliver` with its update_info
-    (vllm_ascend/distributed/weight_transfer/npu_ipc_engine.py, packed mode: bounded NPU memory)."""
+    through one IPC buffer of `bucket_bytes` (the launch plan's weight_refresh; at least the largest
+    tensor) on the rank's NPU and rank 0 calls `deliver` with its update_info
+    (vllm_ascend/distributed/weight_transfer/npu_ipc_engine.py, packed mode: bounded NPU memory).
+    The tensors come one at a time from the rank's HfStream (hf_stream.py)."""
     from vllm_ascend.distributed.weight_transfer.npu_ipc_engine import NPUIPCWeightTransferEngine
-    from vllm_ascend.distributed.weight_transfer.packed_tensor import DEFAULT_PACKED_BUFFER_SIZE_BYTES
 
-    from aspc.backends.ascend.weight_sync import named_tensors
+    from aspc.backends.ascend.weight_sync import largest_bytes, named_tensors
 
-    def send(tensors: dict, deliver) -> None:
-        largest = max((t.numel() * t.element_size() for t in tensors.values()), default=0)
+    def send(tensors, deliver) -> None:
         NPUIPCWeightTransferEngine.trainer_send_weights(
             named_tensors(tensors),
             {"send_mode": deliver, "packed": True,
-             "packed_buffer_size_bytes": max(DEFAULT_PACKED_BUFFER_SIZE_BYTES, largest)})
+             "packed_buffer_size_bytes": max(bucket_bytes, largest_bytes(tensors))})
 
     return send
 
@@ -95,7 +95,8 @@ def join_transfer_group(init_info: dict):
 def start_rank(stage: dict, rank_args: dict):
     """Any rank of a megatron job: MindSpeed's adaptor with the plan's flags, the process groups,
     then the trainer's settings from rank 0 (the first broadcast of the job)."""
-    from aspc.backends.ascend.trainer_actor import broadcast_call, import_mindspeed, initialize_parallel
+    from aspc.backends.ascend.call_broadcast import broadcast_call
+    from aspc.backends.ascend.megatron_model import import_mindspeed, initialize_parallel
 
     import_mindspeed(stage["builders"].get("mindspeed_argv", []))
     initialize_parallel(stage["config"])
@@ -105,7 +106,9 @@ def start_rank(stage: dict, rank_args: dict):
 def run_follower(stage: dict, rank_args: dict, sync, reference: str | None = None) -> int:
     """A megatron rank other than 0: build its share of the model (and of the frozen reference from
     the `reference` checkpoint directory, as rank 0 does), then run rank 0's calls."""
-    from aspc.backends.ascend.trainer_actor import MegatronTrainer, follow, frozen_reference
+    from aspc.backends.ascend.call_broadcast import follow
+    from aspc.backends.ascend.megatron_trainer import MegatronTrainer
+    from aspc.backends.ascend.reference_model import frozen_reference
 
     settings = start_rank(stage, rank_args)
     frozen = frozen_reference(stage, rank_args, reference)
@@ -123,7 +126,7 @@ def build_engine(stage: dict, instance: int):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Start one aspc process on an Ascend NPU host.")
-    parser.add_argument("role", choices=["generate", "train", "reference", "critic"])
+    parser.add_argument("role", choices=["generate", "train", "reward"])  # reference, critic: on the train ranks
     parser.add_argument("--plan", required=True)
     parser.add_argument("--stage", required=True)
     parser.add_argument("--instance", type=int, default=0)
@@ -134,19 +137,39 @@ def main(argv=None) -> int:
         require_npu()
         with open(args.plan, encoding="utf-8") as plan_file:
             launch = json.load(plan_file)
-        stage = next(s for s in launch["stages"] if s["stage"] == args.stage)
+        stage = _one(launch["stages"], args.stage, None)
+        if args.role == "reward":  # a reward model's ranks > 0 follow its scorer process (reward_model.py)
+            from aspc.backends.ascend.reward_model import run_rank
+
+            return run_rank(launch, args.stage, args.instance, args.rank)
         if args.role == "generate" or args.rank == 0:
             print(f"aspc: {args.role} {args.stage} (rank 0 / engines) runs as an actor of the controller: start it "
                   f"with `aspc run FILE --backend ascend --runtime ray`", file=sys.stderr)
             return 2
-        process = next(p for p in launch["processes"] if p["stage"] == args.stage and p["rank"] == args.rank)
-        sync = _follower_sync(stage, process["world_size"], colocated(launch))
+        process = _one(launch["processes"], args.stage, args.rank)
+        sync = _follower_sync(stage, process["world_size"], launch if colocated(launch) else None)
         ran = run_follower(stage, process["model_args"], sync, reference_checkpoint(launch["stages"], stage))
     except AscendUnavailable as error:
         print(f"aspc: {error}", file=sys.stderr)
         return 1
+    except NotInPlan as error:
+        print(f"aspc: {args.plan}: {error}; start the processes `aspc run FILE --backend ascend --dry-run` "
+              "prints for this plan", file=sys.stderr)
+        return 2
     print(f"aspc: {args.role} rank {args.rank} of stage {args.stage} ran {ran} calls and stopped", file=sys.stderr)
     return 0
+
+
+class NotInPlan(LookupError):
+    """The command line names a stage or a rank the launch plan does not have."""
+
+
+def _one(entries: list[dict], stage: str, rank: int | None) -> dict:
+    """The plan's stage (rank None) or the stage's process of that rank."""
+    found = next((e for e in entries if e["stage"] == stage and (rank is None or e["rank"] == rank)), None)
+    if found is None:
+        raise NotInPlan(f"no stage '{stage}'" if rank is None else f"no process of rank {rank} in stage '{stage}'")
+    return found
 
 
 def colocated(launch: dict) -> bool:
@@ -155,15 +178,27 @@ def colocated(launch: dict) -> bool:
                for s in launch["stages"] if s["role"] == "vllm-engine")
 
 
-def _follower_sync(stage: dict, world_size: int, shared: bool = False):
+def bucket_bytes(launch: dict) -> int:
+    """The NPU IPC buffer of a colocated refresh (the launch plan's weight_refresh)."""
+    from aspc.backends.ascend.engine_args import WEIGHT_BUCKET_BYTES
+
+    refreshes = [(s.get("micro_batching") or {}).get("weight_refresh") or {} for s in launch["stages"]]
+    return next((r.get("bucket_bytes", WEIGHT_BUCKET_BYTES) for r in refreshes if r.get("backend") == "npu_ipc"),
+                WEIGHT_BUCKET_BYTES)
+
+
+def _follower_sync(stage: dict, world_size: int, launch: dict | None = None):
     """A follower's share in publishing weights: the stage's process groups; on a colocated pool
-    its own NPU IPC sender too (the engine worker on its NPU loads from it; rank 0 delivers)."""
-    from aspc.backends.ascend.trainer_actor import SyncSetup, layout_of
+    (`launch` given) its own NPU IPC sender too (the engine worker on its NPU loads from it; rank 0
+    delivers)."""
+    shared = launch is not None
+    from aspc.backends.ascend.megatron_model import layout_of
+    from aspc.backends.ascend.megatron_trainer import SyncSetup
     from aspc.backends.ascend.weight_sync import IpcSender, TorchCommunicator
 
     arch, parallel, layout = layout_of(stage, world_size)
     comm = TorchCommunicator(g for axis in stage["groups"].values() for g in axis)
-    sender = IpcSender(npu_ipc_sender()) if shared else None
+    sender = IpcSender(npu_ipc_sender(bucket_bytes(launch))) if shared else None
     return SyncSetup(arch, parallel, comm, sender, colocated=shared, layout=layout)
 
 

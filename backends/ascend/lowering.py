@@ -24,6 +24,9 @@ from aspc.plan.execution_plan import ExecutionPlan, StagePlan, WeightSyncPlan
 
 LAUNCH_VERSION = 2
 MEGATRON_KINDS = ("train", "reference", "critic")
+# built in the train stage's processes, on their NPUs and megatron groups (reference_model.py: the
+# frozen reference; critic.py: the critic, refused elsewhere): no processes of their own to start
+IN_TRAINER_KINDS = ("reference", "critic")
 BASE_PORT = 29500
 DP_BASE_PORT = 27000  # vLLM data-parallel rendezvous: 1000 a stage, 16 an instance
 
@@ -102,7 +105,7 @@ def lower(plan: ExecutionPlan, base_dir: Path | None = None,
         if role == "vllm-engine":
             port = DP_BASE_PORT + 1000 * index
             processes += _engine_processes(plan, stage, offsets[stage.pool], port, node_addresses)
-        elif role is not None:
+        elif role is not None and not in_trainer(plan, stage):
             processes += _megatron_processes(stage, offsets[stage.pool], BASE_PORT + index, node_addresses)
         if role is not None:
             placed.append(stage)
@@ -115,6 +118,11 @@ def lower(plan: ExecutionPlan, base_dir: Path | None = None,
     transfers = [t for sync in plan.weight_syncs for t in _transfers(plan, sync)]
     nodes = max((p.node for p in processes), default=-1) + 1
     return LaunchPlan(plan.pipeline, plan.schedule, nodes, tuple(processes), tuple(stages), tuple(transfers))
+
+
+def in_trainer(plan: ExecutionPlan, stage: StagePlan) -> bool:
+    """The stage runs in the train stage's processes (its launch stage has no processes)."""
+    return stage.kind in IN_TRAINER_KINDS and bool(plan.stages_of("train"))
 
 
 def _role(stage: StagePlan) -> str | None:

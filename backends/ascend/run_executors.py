@@ -3,14 +3,16 @@ and its controller are the same as every backend's; this factory hands them
 - generation instances: `VllmEngine`s (engine_actor.py) with the launch plan's engine arguments,
   each joined to the trainer's weight-transfer group when built;
 - the learner: rank 0 of the train stage's megatron job, a `MegatronTrainer` behind a `Leader`
-  (trainer_actor.py); ranks > 0 are the processes of the launch plan (`--dry-run` prints them),
+  (megatron_trainer.py, call_broadcast.py); ranks > 0 are the processes of the launch plan (`--dry-run` prints them),
   which follow rank 0's calls. On the local runtime rank 0 is in this process; on Ray it is built
   inside the learner actor (`learner_in_actor`), and each engine's actor joins its transfer group
   with that actor (`unstarted_engine`, `transfer_info`, `join_trainer_side`);
 - the weights: published by the trainer (full Hugging Face tensors on rank 0, weight_sync.py) and
   broadcast per instance by vllm-ascend's HCCL engine (executors.hccl_sender); on a time-shared
-  (colocated) pool every trainer rank publishes the whole model and hands it to the engine worker
-  on its NPU through vllm-ascend's NPU IPC engine (executors.npu_ipc_sender, weight_sync.IpcSender);
+  (colocated) pool every trainer rank streams the whole model, one parameter at a time
+  (hf_stream.py), to the engine worker on its NPU through vllm-ascend's NPU IPC engine
+  (executors.npu_ipc_sender, weight_sync.IpcSender); several colocated instances each start on
+  their own NPUs of this node (`engine_env`);
 - a time-shared pool's switches (`switch_pool`): to generation, the trainer's ranks offload
   parameters, gradients and optimizer state to host memory, and each engine wakes its weights, takes
   the new version, then wakes its KV cache (the launch plan's colocated `weight_refresh`); to
@@ -33,9 +35,11 @@ from aspc.backends.ascend.engine_actor import VllmEngine
 from aspc.backends.ascend.engine_args import IPC_ENV
 from aspc.backends.ascend.episodes import EpisodeEngine, EpisodeSettings, tool_format
 from aspc.backends.ascend.lowering import lower
-from aspc.backends.ascend.process_env import node_addresses_from_env
+from aspc.backends.ascend.process_env import node_address, node_addresses_from_env
+from aspc.backends.ascend.scorers import close_scorers, scorer_refusals, stage_scorer
+from aspc.backends.ascend.topology import NPUS_PER_NODE, device, pool_offsets
 from aspc.backends.cpu.data import PromptSource
-from aspc.backends.cpu.executors import CpuExecutors, checkpoint_dir
+from aspc.backends.cpu.executors import LEARNED, CpuExecutors, checkpoint_dir
 from aspc.backends.cpu.hf_tokenizer import HfTokenizer
 from aspc.backends.cpu.rewards import build_reward
 from aspc.backends.cpu.tokenizer import CHARS
@@ -43,6 +47,9 @@ from aspc.controller.episodes import EpisodePolicy
 from aspc.ir.facts import DTYPE_BYTES, GIB, hardware_table
 from aspc.plan.execution_plan import ExecutionPlan, StageRefusal
 
+# several colocated engines start in this process: each engine core in a process of its own, which
+# takes the engine's NPUs (vllm/envs.py; 1 is vLLM's default, set so that no inherited 0 moves them here)
+COLOCATED_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
 TRANSFER_PORT = 28000  # + the instance: the rendezvous of one instance's weight-transfer group
 
 
@@ -60,7 +67,7 @@ class AscendExecutors(CpuExecutors):
         self.plan, self.base_dir, self.seed = plan, base_dir, seed
         self.gen_stage, self.train_stage = plan.stages_of("generate")[0], plan.stages_of("train")[0]
         self.data = plan.dataset(self.gen_stage.data)
-        refused = self.unsupported(plan)
+        refused = self.unsupported(plan, runtime=None)  # what no runtime runs (the CLI checks the one it runs)
         if refused:
             raise ValueError(refused[0].message)
         self.launch = lower(plan, base_dir, node_addresses_from_env())
@@ -72,7 +79,8 @@ class AscendExecutors(CpuExecutors):
         self.prompts = PromptSource(self.data.source, self.data.location, self.data.seed, self.data.max_response,
                                     base_dir, self.tokenizer)
         sources = dict(plan.stages_of("reward")[0].options)["sources"]
-        self.reward_fn, self.verifier = build_reward(sources, base_dir), None
+        learned = any(s.func in LEARNED for s in sources)  # scored on their own executors (scorers.py)
+        self.reward_fn, self.verifier = build_reward([] if learned else sources, base_dir), None
         self.actor = self.learner = self._tools = None
         environments = plan.stages_of("environment")  # agentic episodes: EpisodeEngines, the host's tool runners
         self.env_stage = environments[0] if environments else None
@@ -81,21 +89,20 @@ class AscendExecutors(CpuExecutors):
         self.colocated = self.gen_stage.placement == "time_shared"
         self.initial = None  # version 0 as published (snapshot), for the engines' first refresh
         self.holder = None  # who has a time-shared pool's NPUs: "learn" | "gen"
+        self.engines_elsewhere = False  # the Ray runtime's actors start the colocated engines
 
     @staticmethod
-    def unsupported(plan: ExecutionPlan, runtime: str = "local") -> list[StageRefusal]:
-        """What this factory does not run on NPUs yet, refused at the stage before anything starts."""
+    def unsupported(plan: ExecutionPlan, runtime: str | None = "local") -> list[StageRefusal]:
+        """What this factory does not run on NPUs yet, refused at the stage before anything starts
+        (`runtime` None: what it runs on no runtime)."""
         found = []
         for stage in plan.stages:
             if stage.kind == "generate" and stage.placement == "time_shared":
                 found += colocated_refusals(plan, stage, runtime)
             if stage.kind == "critic":
                 found += critic_refusals(plan, stage)
-            for source in dict(stage.options).get("sources", ()) if stage.kind == "reward" else ():
-                if source.func in ("model", "judge"):
-                    found.append(StageRefusal(stage.name, f"stage '{stage.name}': {source.func}(...) rewards need "
-                                              "a forward model or judge on NPUs, not built yet",
-                                              "score with rule(...) or python(...) sources"))
+            if stage.kind == "reward":
+                found += scorer_refusals(plan, stage)
         return found
 
     def check_launch(self) -> None:
@@ -132,9 +139,12 @@ class AscendExecutors(CpuExecutors):
         (`_start_engines_asleep`). The pool goes to generation first (the controller's first mode),
         so the trainer offloads; the engine then wakes through its refresh to version 0 (NPU IPC:
         no group to join, NPUIPCWeightTransferInitInfo has no fields)."""
+        refused = _engine_process_refusals(self.plan, self.gen_stage, "local")  # the CLI refused them already
+        if refused:
+            raise ValueError(f"{refused[0].message}: {refused[0].hint}")
         engine = self.engines.get(index) or self.unstarted_engine(index, instances)
         self._give_pool("gen")
-        engine.connect({})
+        engine.connect(self.transfer_info(index))
         if self.initial is not None:
             engine.load_weights(self.initial)
         return engine
@@ -157,15 +167,38 @@ class AscendExecutors(CpuExecutors):
         return EpisodeSettings(EpisodePolicy.of(self.env_stage), tool_format(options, self.tokenizer),
                                options["max_tool_tokens"], self.tokenizer.eos_ids)
 
+    def engine_address(self, index: int) -> str:
+        """The address of the node whose NPUs instance `index`'s engine uses (ASPC_NODES; a
+        `${NODE[k]}` reference without it): where the Ray runtime starts a colocated engine's actor,
+        beside the trainer ranks on the same NPUs."""
+        name = f"{self.gen_stage.name}.{index}.dp0"
+        process = next(p for p in self.launch.processes if p.name == name)
+        return node_address(process.node, node_addresses_from_env())
+
+    def learner_address(self) -> str:
+        """The address of trainer rank 0's node (MASTER_ADDR): where the Ray runtime's learner actor runs."""
+        return self._rank0().env["MASTER_ADDR"]
+
+    def engines_in_actors(self) -> None:
+        """The Ray runtime starts each colocated engine (asleep) in an actor on its node before the
+        learner's actor builds the trainer, which then must not start them itself."""
+        self.engines_elsewhere = True
+
     def engine_env(self, index: int) -> dict:
         """Instance `index`'s engine environment from the launch plan (VLLM_ASCEND_ENABLE_NZ=0, HCCL
-        port ranges on shared NPUs); its devices are the runtime's. Colocated engines take the NPU IPC
-        handles through vLLM's collective_rpc, which passes their dtypes and storage classes only
-        pickled (vllm/v1/serial_utils.py: VLLM_ALLOW_INSECURE_SERIALIZATION)."""
+        port ranges on shared NPUs); a separate pool's devices are the runtime's (Ray's). Colocated
+        engines start here, each on the launch plan's NPUs (ASCEND_RT_VISIBLE_DEVICES, set while
+        its processes start: engine_actor.engine_environment, with vLLM's engine core in a process
+        of its own), and take the NPU IPC handles through vLLM's collective_rpc, which passes their
+        dtypes and storage classes only pickled (vllm/v1/serial_utils.py:
+        VLLM_ALLOW_INSECURE_SERIALIZATION)."""
         name = f"{self.gen_stage.name}.{index}.dp0"
         process = next((p for p in self.launch.processes if p.name == name), None)
-        env = {k: v for k, v in (process.env if process else {}).items() if k != "ASCEND_RT_VISIBLE_DEVICES"}
-        return env | IPC_ENV if self.colocated else env
+        env = dict(process.env if process else {})
+        if self.colocated:
+            return env | IPC_ENV | COLOCATED_ENV
+        env.pop("ASCEND_RT_VISIBLE_DEVICES", None)
+        return env
 
     def trainer(self):
         if self.learner is None:
@@ -179,7 +212,10 @@ class AscendExecutors(CpuExecutors):
 
     def _start_engines_asleep(self) -> None:
         """The launch plan's start-up order on shared NPUs (startup.py): each colocated engine starts
-        while its NPUs are free (vllm-ascend's free-memory check) and sleeps before the trainer builds."""
+        while its NPUs are free (vllm-ascend's free-memory check) and sleeps before the trainer builds;
+        on Ray the engines' actors did so (`engines_in_actors`)."""
+        if self.engines_elsewhere:
+            return
         count = len(self.gen_stage.instances)
         for index in range(count):
             self.unstarted_engine(index, count).sleep()
@@ -193,6 +229,25 @@ class AscendExecutors(CpuExecutors):
     def accuracy(self, count: int = 128) -> float:
         raise ValueError("held-out accuracy decodes with the CPU policy; an NPU run reports its training "
                          "metrics only")
+
+    def forward_model(self, stage: str, instance: int):
+        """Instance `instance` of reward stage `stage` with a model(...) source: the CPU backend's
+        RewardScorer whose reward-model term is a megatron forward model in its own process (scorers.py)."""
+        key = (stage, instance)
+        if key not in self.scorers:
+            self.scorers[key] = stage_scorer(self, stage, instance)
+        return self.scorers[key]
+
+    def judge(self, stage: str, instance: int):
+        """Instance `instance` of reward stage `stage` with a judge(...) source: the same scorer, its
+        judge term the CPU judge over a vllm-ascend engine in its own process (scorers.py)."""
+        return self.forward_model(stage, instance)
+
+    def close(self) -> None:
+        """The run is over (the driver's stop, after a failure too): the scorers' processes end, then
+        the host side's (tool runners)."""
+        close_scorers(self.scorers)
+        super().close()
 
     def switch_pool(self, pool: str, mode: str) -> None:
         """The controller hands the time-shared pool over (it switches only when the side that
@@ -238,7 +293,10 @@ class AscendExecutors(CpuExecutors):
 
     def transfer_info(self, index: int) -> dict:
         """Instance `index`'s weight-transfer group (HCCLWeightTransferInitInfo): rank 0 is trainer
-        rank 0, the engine's tp·pp workers follow."""
+        rank 0, the engine's tp·pp workers follow; a colocated engine's NPU IPC engine takes none
+        (NPUIPCWeightTransferInitInfo has no fields)."""
+        if self.colocated:
+            return {}
         parallel = self.gen_stage.parallel
         return {"master_address": self._rank0().env["MASTER_ADDR"], "master_port": TRANSFER_PORT + index,
                 "rank_offset": 1, "world_size": 1 + parallel.tp * parallel.pp}
@@ -254,9 +312,10 @@ class AscendExecutors(CpuExecutors):
         """Rank 0 of the megatron job, in this process: MindSpeed's adaptor with the plan's flags, the
         process groups (the job's other ranks start from the launch plan and wait for the settings
         broadcast), the model, and the HCCL sender of the published weights."""
-        from aspc.backends.ascend.trainer_actor import (Leader, MegatronTrainer, SyncSetup, broadcast_call,
-                                                        frozen_reference, import_mindspeed, initialize_parallel,
-                                                        layout_of, reference_checkpoint)
+        from aspc.backends.ascend.call_broadcast import Leader, broadcast_call
+        from aspc.backends.ascend.megatron_model import import_mindspeed, initialize_parallel, layout_of
+        from aspc.backends.ascend.megatron_trainer import MegatronTrainer, SyncSetup
+        from aspc.backends.ascend.reference_model import frozen_reference, reference_checkpoint
         from aspc.backends.ascend.weight_sync import TorchCommunicator
 
         stage, rank0 = self.train_launch, self._rank0()
@@ -279,14 +338,14 @@ class AscendExecutors(CpuExecutors):
 
         stage = self.plan.stages_of("critic")[0].name
         launch = next(dataclasses.asdict(s) for s in self.launch.stages if s.stage == stage)
-        rank0 = next(p for p in self.launch.processes if p.stage == stage and p.rank == 0)
+        rank0 = self._rank0()  # the critic's ranks are the trainer's (lowering.IN_TRAINER_KINDS), same layout
         return MegatronCritic.build(launch, rank0.model_args, self._settings())
 
     def _sender(self):
         """Rank 0's weight sender: HCCL broadcasts to separate pools; on a colocated pool the NPU IPC
         send that every rank joins (the Leader's broadcast of `send_weights` brings the followers)."""
         from aspc.backends.ascend.executors import hccl_sender, npu_ipc_sender
-        from aspc.backends.ascend.trainer_actor import CALLS, broadcast_call
+        from aspc.backends.ascend.call_broadcast import CALLS, broadcast_call
         from aspc.backends.ascend.weight_sync import IpcSender, WeightSender
 
         if not self.colocated:
@@ -295,28 +354,25 @@ class AscendExecutors(CpuExecutors):
         def followers_join(version: int, instance: int) -> None:
             broadcast_call(("send_weights", (version, instance)))
 
-        return IpcSender(npu_ipc_sender(), followers_join, CALLS)
+        return IpcSender(npu_ipc_sender(self.gen_launch["micro_batching"]["weight_refresh"]["bucket_bytes"]),
+                         followers_join, CALLS)
 
     def _rank0(self):
         return next(p for p in self.launch.processes if p.stage == self.train_stage.name and p.rank == 0)
 
 
-def colocated_refusals(plan: ExecutionPlan, stage, runtime: str) -> list[StageRefusal]:
-    """What the colocated path (vllm-ascend's NPU IPC engine) cannot run: every engine worker loads
-    the whole model from the trainer rank on its NPU, so each of its NPUs needs a trainer rank, and
-    every rank assembles the whole model on its NPU when it publishes (whole_hf_in_place), which must
-    fit there; the engines and the trainer switch in one process (one engine: several in one process
-    collide on devices)."""
+def colocated_refusals(plan: ExecutionPlan, stage, runtime: str | None) -> list[StageRefusal]:
+    """What the colocated path (vllm-ascend's NPU IPC engine) cannot run: one engine process per
+    instance, each on its own NPUs: on the local runtime in the trainer's process, on this node; on
+    Ray in an actor on the node of its NPUs (aspc/drivers/ray/colocated.py); every engine worker
+    loads the whole model from the trainer rank on its NPU, so each of its NPUs needs a trainer
+    rank, whose streamed refresh (hf_stream.py) must fit beside the engine's woken weights."""
     found = []
-    if runtime != "local":
-        found.append(StageRefusal(stage.name, f"stage '{stage.name}': colocated engines run on the local runtime "
-                                  "only (the pool switch sleeps the engines in the trainer's process)",
-                                  "run it with --runtime local, or give generation a pool of its own", "placement"))
-    if len(stage.instances) > 1:
-        found.append(StageRefusal(stage.name, f"stage '{stage.name}': {len(stage.instances)} colocated engines would "
-                                  "start in one process, where vLLM numbers every engine's devices from 0",
-                                  "run one instance (instances = 1), or give generation a pool of its own and run "
-                                  "with --runtime ray", "instances"))
+    if runtime not in ("local", "ray", None):
+        found.append(StageRefusal(stage.name, f"stage '{stage.name}': colocated engines run on the local or the Ray "
+                                  f"runtime, not '{runtime}'",
+                                  "run it with --runtime local or --runtime ray", "placement"))
+    found += _engine_process_refusals(plan, stage, runtime)
     train = plan.stages_of("train")[0]
     uncovered = engine_devices(stage) - engine_devices(train) if train.pool == stage.pool else engine_devices(stage)
     if uncovered:
@@ -324,15 +380,50 @@ def colocated_refusals(plan: ExecutionPlan, stage, runtime: str) -> list[StageRe
                                   f"'{stage.pool}' hold engine workers but no trainer rank to hand them weights "
                                   "(vllm-ascend's NPU IPC transfer is from the trainer rank on the same NPU)",
                                   "give the train stage at least as many devices as generation", "placement"))
-    model, hardware = plan.model(stage.model), hardware_table().get(plan.pool(stage.pool).hardware)
-    whole = model.arch.total_params() * DTYPE_BYTES[model.dtype]
-    if hardware is not None and whole > hardware.hbm_gib * GIB:
-        found.append(StageRefusal(stage.name, f"stage '{stage.name}': colocated engines load the whole model, "
-                                  f"which every trainer rank assembles on its NPU ({whole / GIB:.0f} GiB, more than "
-                                  f"one {hardware.name}'s {hardware.hbm_gib:g} GiB); the sharded in-place load "
-                                  "(vLLM's parameter names) is not built",
-                                  "give generation a pool of its own (HCCL transfer)", "placement"))
+    return found + _refresh_memory_refusals(plan, stage, train)
+
+
+def _engine_process_refusals(plan: ExecutionPlan, stage, runtime: str | None = "local") -> list[StageRefusal]:
+    """One engine process per instance (both runtimes, `runtime` None); the local runtime's on this
+    node (node 0)."""
+    found = []
+    if stage.parallel.dp > 1:
+        found.append(StageRefusal(stage.name, f"stage '{stage.name}': an instance with dp = {stage.parallel.dp} is "
+                                  f"{stage.parallel.dp} engine processes; the local and the Ray runtime start one "
+                                  "colocated engine per instance",
+                                  "give each instance dp = 1 (more instances instead, expert parallelism within tp)",
+                                  "dp"))
+    offset = pool_offsets(plan.pools)[stage.pool]
+    remote = sorted({device(offset, d).node for d in engine_devices(stage)} - {0})
+    if remote and runtime == "local":
+        nodes = f"{remote[0]}-{remote[-1]}" if len(remote) > 2 else ", ".join(map(str, remote))
+        found.append(StageRefusal(stage.name, f"stage '{stage.name}': instances on node(s) {nodes}: the local "
+                                  f"runtime starts colocated engines on this node only ({NPUS_PER_NODE} NPUs)",
+                                  f"run with --runtime ray (an engine actor on each node), or fit generation on one "
+                                  f"node ({NPUS_PER_NODE} NPUs)", "instances"))
     return found
+
+
+def _refresh_memory_refusals(plan: ExecutionPlan, stage, train) -> list[StageRefusal]:
+    """At a refresh an NPU holds the engine's woken weights and the streamed refresh's peak
+    (hf_stream.stream_peak_bytes: the IPC buffer, the engine's copy of a chunk, one parameter being
+    gathered); the trainer is offloaded and the KV cache not yet woken."""
+    from aspc.backends.ascend.engine_args import WEIGHT_BUCKET_BYTES
+    from aspc.backends.ascend.hf_stream import stream_peak_bytes
+    from aspc.ir.memory import generation_need
+
+    model, hardware = plan.model(stage.model), hardware_table().get(plan.pool(stage.pool).hardware)
+    if hardware is None:
+        return []
+    weights = generation_need(model.arch, model.dtype, stage.parallel, 0).total
+    peak = stream_peak_bytes(model.arch, DTYPE_BYTES[model.dtype], train.parallel, WEIGHT_BUCKET_BYTES)
+    if weights + peak <= hardware.hbm_gib * GIB:
+        return []
+    return [StageRefusal(stage.name, f"stage '{stage.name}': a colocated refresh needs {(weights + peak) / GIB:.1f} "
+                         f"GiB on each NPU (the engine's weights {weights / GIB:.1f} GiB, the streamed transfer "
+                         f"{peak / GIB:.1f} GiB), more than one {hardware.name}'s {hardware.hbm_gib:g} GiB",
+                         "raise generation's tp (or ep), or give generation a pool of its own (HCCL transfer)",
+                         "placement")]
 
 
 def engine_devices(stage) -> set[int]:

@@ -14,8 +14,10 @@ runs on one rank (SPMD) and moves tensors only through a `Communicator`: `TorchC
   engine (`weight_transfer_config={"backend": "npu_ipc"}`,
   vllm_ascend/distributed/weight_transfer/npu_ipc_engine.py) has every trainer rank share its
   tensors' device memory with the engine worker on the same NPU, which loads them in checkpoint
-  (Hugging Face) format. So every rank holds the whole model: `reshard_in_place` with an inference
-  tensor-parallel size of 1, then Hugging Face names.
+  (Hugging Face) format. So every rank streams the whole model (hf_stream.HfStream: one parameter
+  at a time gathered, as verl's per-tensor generator does, packed into one reused IPC buffer);
+  no rank assembles it. (`reshard_in_place` with an inference tensor-parallel size of 1 gives the
+  same tensors at once.)
 - `gather_hf` + `send_hf` / `receive_hf` — separate pools, as vllm-ascend's HCCL weight transfer
   does it (vllm_ascend/distributed/weight_transfer/hccl_engine.py): trainer rank 0 assembles full
   Hugging Face-named tensors (tensor all-gather, expert all-gather, pipeline broadcast, as verl's
@@ -148,10 +150,14 @@ def _dtype(tensors: dict) -> torch.dtype:
 
 
 def whole_hf_in_place(arch: ModelArch, local: dict, train: Parallel, comm: Communicator,
-                      layout: reshard.Layout | None = None) -> dict[str, torch.Tensor]:
-    """The whole model as Hugging Face tensors on every rank (colocated pools: the engine worker
-    on each rank's NPU loads all of it in checkpoint format); every rank must call it."""
-    return reshard.to_hf(arch, reshard_in_place(arch, local, train, 1, comm, layout), layout or reshard.PLAIN)
+                      layout: reshard.Layout | None = None):
+    """The whole model as Hugging Face tensors on every rank, as a stream (hf_stream.HfStream: one
+    parameter at a time, never the whole model at once; `dict(...)` of it assembles it): colocated
+    pools, where the engine worker on each rank's NPU loads all of it in checkpoint format. Every
+    rank must iterate it at the same time (it gathers as it goes)."""
+    from aspc.backends.ascend.hf_stream import HfStream
+
+    return HfStream(arch, local, train, comm, layout)
 
 
 # ---- separate pools: vllm-ascend's HCCL weight transfer ----
@@ -198,9 +204,19 @@ def receive_hf(info: dict, comm: Communicator, group: list[int],
         load_weights([(name, comm.broadcast(weight, group[0], group))])
 
 
-def named_tensors(tensors: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) in `update_info` order: the iterator trainer_send_weights takes."""
+def named_tensors(tensors) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) in `update_info` order: the iterator trainer_send_weights takes (a colocated
+    rank's HfStream streams itself)."""
+    if not isinstance(tensors, dict):
+        return iter(tensors)
     return ((name, tensors[name]) for name in update_info(tensors)["names"])
+
+
+def largest_bytes(tensors) -> int:
+    """The largest tensor to send (an HfStream knows it from shapes)."""
+    if not isinstance(tensors, dict):
+        return tensors.largest_bytes()
+    return max((t.numel() * t.element_size() for t in tensors.values()), default=0)
 
 
 class TorchCommunicator:
@@ -237,12 +253,16 @@ class StagedVersions:
     def publish(self, version: int, tensors: dict, sender):
         from aspc.backends.ascend.engine_actor import PublishedWeights
 
-        staged = {name: t.detach().to("cpu", copy=True) for name, t in tensors.items()}
+        if hasattr(tensors, "on_host"):  # a colocated rank's stream (hf_stream.HfStream): its shard only
+            staged, info = tensors.on_host(), tensors.update_info()
+        else:
+            staged = {name: t.detach().to("cpu", copy=True) for name, t in tensors.items()}
+            info = update_info(staged)
         with self.lock:
             self.versions[version] = staged
             for old in sorted(self.versions)[:-self.keep]:
                 del self.versions[old]
-        return PublishedWeights(version, update_info(staged), sender)
+        return PublishedWeights(version, info, sender)
 
     def get(self, version: int) -> dict:
         with self.lock:
@@ -328,8 +348,9 @@ def _current_actor():
 
 class IpcSender:
     """A trainer rank's side of the weight refresh for colocated pools. Every rank stages its
-    whole-model tensors on the host when a version is published (the NPU goes back to the
-    trainer's offloaded state and the engines' weights); at an instance's refresh every rank calls
+    shard on the host when a version is published (an HfStream of the whole model over it; the NPU
+    goes back to the trainer's offloaded state and the engines' weights); at an instance's refresh
+    every rank calls
     `send(tensors, deliver)` together, on an NPU NPUIPCWeightTransferEngine.trainer_send_weights
     in packed mode (executors.npu_ipc_sender): chunks pass through one reused IPC buffer per NPU,
     and rank 0 calls `deliver(update_info)` per chunk. `deliver` hands the chunk to the engine's

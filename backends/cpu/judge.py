@@ -47,6 +47,17 @@ def judge_input(rubric: list[int], prompt: list[int], response: list[int], max_s
     return ids[:max_seq - len(SEPARATOR)] + SEPARATOR
 
 
+class CharPrompt:
+    """A tiny judge's prompt and verdict in the task's character vocabulary (`judge_input`; the
+    verdict tokens "1" and "0"): the policy's own token ids, read as they are."""
+
+    def __init__(self, rubric: str, max_seq: int):
+        self.rubric, self.max_seq, self.yes, self.no = encode(rubric), max_seq, YES, NO
+
+    def build(self, item) -> list[int]:
+        return judge_input(self.rubric, item.prompt, item.response, self.max_seq)
+
+
 def verdict_logits(model: TinyQwen, inputs: list[list[int]]) -> torch.Tensor:
     """[B, V] next-token logits after each input's separator."""
     batch = make_batch([(ids, []) for ids in inputs])
@@ -56,22 +67,29 @@ def verdict_logits(model: TinyQwen, inputs: list[list[int]]) -> torch.Tensor:
 
 
 class CpuJudge:
-    """One judge(...) source on one instance: a score per (prompt, response) token sequence."""
+    """One judge(...) source on one instance: a score per (prompt, response) token sequence. `prompt`
+    builds each input and names the verdict tokens: the character vocabulary's (CharPrompt) unless
+    given (a checkpoint judge's own tokenizer: judge_prompt.TokenizerPrompt)."""
 
-    def __init__(self, model: TinyQwen, rubric: str = "", read: str = "probability"):
-        self.model, self.read, self.rubric = model.eval(), read, encode(rubric)
+    def __init__(self, model: TinyQwen, rubric: str = "", read: str = "probability", prompt=None):
+        self.model, self.read = model.eval(), read
+        self.prompt = prompt or CharPrompt(rubric, model.arch.max_seq)
 
     @torch.no_grad()
     def scores(self, rollouts: list) -> list[float]:
-        inputs = [judge_input(self.rubric, r.prompt, r.response, self.model.arch.max_seq) for r in rollouts]
-        logits = verdict_logits(self.model, inputs)
+        logits = self.verdict_logits([self.prompt.build(r) for r in rollouts])
+        yes, no = self.prompt.yes, self.prompt.no
         if self.read == "probability":
-            return torch.softmax(logits[:, [NO, YES]], -1)[:, 1].tolist()
+            return torch.softmax(logits[:, [no, yes]], -1)[:, 1].tolist()
         answers = logits.argmax(-1).tolist()
-        if any(a not in (YES, NO) for a in answers):
-            raise JudgeCallFailed(f"the judge answered token {next(a for a in answers if a not in (YES, NO))}, "
+        if any(a not in (yes, no) for a in answers):
+            raise JudgeCallFailed(f"the judge answered token {next(a for a in answers if a not in (yes, no))}, "
                                   'not a verdict ("1" or "0")')
-        return [float(a == YES) for a in answers]
+        return [float(a == yes) for a in answers]
+
+    def verdict_logits(self, inputs: list[list[int]]) -> torch.Tensor:
+        """[B, V] logits at each input's verdict position (the NPU judge reads them from vLLM)."""
+        return verdict_logits(self.model, inputs)
 
 
 # ---- warm-starting a judge on verifier labels ----

@@ -10,6 +10,8 @@ on the class, `@ray.method(concurrency_group=...)` on the method (ray/actor.py: 
 set them, so `remote_learner_class` builds the remote class per run)."""
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 import threading
 
@@ -54,6 +56,14 @@ class LearnerActor:
     def snapshot(self):
         return self.learner.snapshot()
 
+    def offload(self):
+        """A time-shared pool goes to generation (the driver carries out the controller's switch)."""
+        self.learner.offload()
+
+    def onload(self):
+        """A time-shared pool comes back to training, after every engine on it sleeps."""
+        self.learner.onload()
+
     def parts(self):
         learner = self.learner
         return ({"actor": learner.actor, "reference": learner.ref, "critic": learner.critic},
@@ -69,12 +79,54 @@ class ActorBuiltLearner(LearnerActor):
         self.executors = executors
         self.joined: dict[int, threading.Event] = {}  # instance -> the learner's side of its group is in
         self.lock = threading.Lock()
+        self.streamer = None  # a colocated pool's sender (chunks streamed per refresh: colocated.py)
+        self.streams: dict[int, tuple] = {}  # stream id -> (its pending send, its chunks)
+        self.stream_ids = itertools.count()
         assigned = os.environ.get(VISIBLE_DEVICES)  # Ray's, for this actor's NPU bundle
         super().__init__(executors.trainer(), executors.set_threads)
         check_devices_kept(assigned, os.environ.get(VISIBLE_DEVICES))
 
     def initial_weights(self):
-        return self.executors.snapshot()
+        return self._relayed(self.executors.snapshot())
+
+    def snapshot(self):
+        return self._relayed(super().snapshot())
+
+    def _relayed(self, published):
+        """A published version whose sender streams chunks to the engine (a colocated pool's NPU IPC
+        send: `updates`) leaves this actor with a StreamRelay to it in the sender's place; others
+        (the HCCL sender) leave as they pickle themselves."""
+        from aspc.drivers.ray.colocated import StreamRelay
+
+        sender = getattr(published, "sender", None)
+        if not hasattr(sender, "updates"):
+            return published
+        import ray
+
+        self.streamer = sender
+        return dataclasses.replace(published, sender=StreamRelay(ray.get_runtime_context().current_actor))
+
+    @ray.method(concurrency_group=TRANSFER_GROUP)
+    def start_stream(self, version: int, instance: int) -> int:
+        """An engine's refresh begins: every trainer rank starts the send (the sender's broadcast
+        brings ranks > 0, on every node); returns the stream's id."""
+        pending = self.streamer.start(version, instance)
+        key = next(self.stream_ids)
+        self.streams[key] = (pending, self.streamer.updates(pending))
+        return key
+
+    @ray.method(concurrency_group=TRANSFER_GROUP)
+    def next_chunk(self, key: int):
+        """The next chunk's update_info, once the engine has loaded the one before (asking again says
+        so: the ranks then refill their buffers); None when the send is over."""
+        return next(self.streams[key][1], None)
+
+    @ray.method(concurrency_group=TRANSFER_GROUP)
+    def end_stream(self, key: int) -> None:
+        """The engine's refresh is over (or failed): the send ends; its error, if any, raises here."""
+        pending, chunks = self.streams.pop(key)
+        chunks.close()
+        self.streamer.wait(pending)
 
     def join_transfer_group(self, index: int) -> None:
         joined = self._group(index)

@@ -20,28 +20,32 @@ NODE_PREFIX = "node:"  # Ray's NODE_ID_PREFIX
 NODE_SHARE = 0.001  # of a node resource: enough to pin a bundle, leaving it free for others
 
 
-def device_bundles(plan) -> tuple[str, list[dict]]:
+def device_bundles(plan, engines_share: bool | None = None) -> tuple[str, list[dict]]:
     """The Ray resource of the generation pool's devices (NPU on Ascend pools, from
     aspc/data/hardware.toml) and the devices of each actor: one bundle per generation instance (its
     tp·pp devices), then the learner's (rank 0's device; the other ranks of a megatron job start from
-    the launch plan); no bundles on a CPU pool."""
+    the launch plan); no bundles on a CPU pool. Colocated engines (`engines_share`; None: those of
+    a time-shared pool) hold no devices of Ray's: they share the NPUs of the trainer's ranks, which
+    the launch plan starts outside Ray (colocated.py pins each engine to its node instead)."""
     gen = plan.stages_of("generate")[0]
     kind = hardware_table()[plan.pool(gen.pool).hardware].ray_resource
     if kind == "CPU":
         return kind, []
-    return kind, [{kind: gen.parallel.devices} for _ in gen.instances] + [{kind: 1}]
+    shared = gen.placement == "time_shared" if engines_share is None else engines_share
+    engine = {} if shared else {kind: gen.parallel.devices}
+    return kind, [dict(engine) for _ in gen.instances] + [{kind: 1}]
 
 
 def missing_devices(ray, plan) -> str | None:
     """Why the cluster cannot hold the plan's actors (too few devices of their kind), or None."""
     kind, bundles = device_bundles(plan)
-    need = sum(b[kind] for b in bundles)
+    need = sum(b.get(kind, 0) for b in bundles)
     have = ray.cluster_resources().get(kind, 0)
     if have >= need:
         return None
-    engines = len(bundles) - 1
+    engines, each = len(bundles) - 1, bundles[0].get(kind, 0)
     return (f"the Ray cluster has {have:g} {kind}s (ray.cluster_resources()), but the run's actors need {need}: "
-            f"{engines} generation instances x {bundles[0][kind]} and 1 for trainer rank 0 (its other ranks start "
+            f"{engines} generation instances x {each} and 1 for trainer rank 0 (its other ranks start "
             f"from the launch plan, --dry-run); join more {kind} nodes to the cluster (ray start --address=...), "
             f"or run with --address of a cluster that has them")
 
@@ -49,6 +53,19 @@ def missing_devices(ray, plan) -> str | None:
 def rank0_node(ray, address: str) -> dict:
     """The resource that pins a bundle to the Ray node at `address` (an IP or a host name); nothing
     for a launch plan without node addresses (a `${NODE[0]}` reference: ASPC_NODES was not set)."""
+    return node_pin(ray, address, "trainer rank 0 must run on its node {address} (MASTER_ADDR, from ASPC_NODES: "
+                                  "the train job's other ranks and the weight-transfer groups meet there)")
+
+
+def engine_node(ray, address: str, index: int) -> dict:
+    """The resource that pins colocated instance `index`'s engine actor to the node of its NPUs."""
+    return node_pin(ray, address, f"colocated generation instance {index} must run on the node of its NPUs, "
+                                  "{address} (ASPC_NODES: the trainer ranks on those NPUs hand it the weights)")
+
+
+def node_pin(ray, address: str, why: str) -> dict:
+    """`{node:<ip>: a share}` for the Ray node at `address`; `why` (with {address}) says who must be
+    there when the cluster has no such node."""
     if address.startswith("${"):
         return {}
     resources = ray.cluster_resources()
@@ -57,10 +74,9 @@ def rank0_node(ray, address: str) -> dict:
             return {NODE_PREFIX + candidate: NODE_SHARE}
     nodes = sorted(name.removeprefix(NODE_PREFIX) for name in resources
                    if name.startswith(NODE_PREFIX) and not name.startswith(NODE_PREFIX + "__"))
-    raise UnsupportedPlan(f"trainer rank 0 must run on its node {address} (MASTER_ADDR, from ASPC_NODES: the train "
-                          f"job's other ranks and the weight-transfer groups meet there), which is not a node of the "
-                          f"Ray cluster (its nodes: {', '.join(nodes)}); start Ray on that node and join it to the "
-                          f"cluster, or give ASPC_NODES the nodes' Ray addresses, node0 first")
+    raise UnsupportedPlan(f"{why.format(address=address)}, which is not a node of the Ray cluster (its nodes: "
+                          f"{', '.join(nodes)}); start Ray on that node and join it to the cluster, or give "
+                          f"ASPC_NODES the nodes' Ray addresses, node0 first")
 
 
 def _resolved(address: str) -> str | None:

@@ -5,7 +5,9 @@ actor restarted; one that keeps dying ends the run with a clear message. A learn
 leave its process (the Ascend backend's megatron rank 0: `learner_in_actor`) is built inside its
 actor (learner_actor.py), pinned to rank 0's node (placement.py), which also publishes version 0
 and joins each engine's weight-transfer group; an engine or learner actor that dies while they
-join ends the run at once, naming the instance."""
+join ends the run at once, naming the instance. A time-shared (colocated) pool's engines are
+actors on the nodes of their NPUs, started asleep before the learner's actor builds the trainer,
+and its switches are carried out here (colocated.py)."""
 from __future__ import annotations
 
 import copy
@@ -15,7 +17,7 @@ import time
 from aspc.controller.config import UnsupportedPlan
 from aspc.drivers.local.runtime import LocalRuntime
 from aspc.drivers.local.workers import InstanceLost, WorkerFailed
-from aspc.drivers.ray.placement import device_bundles, missing_devices, rank0_node
+from aspc.drivers.ray.placement import device_bundles, engine_node, missing_devices, rank0_node
 
 MAX_RESTARTS = 3
 JOIN_TIMEOUT_S = 600  # an engine's actor and the learner's meeting in its weight-transfer group
@@ -120,11 +122,17 @@ class _LearnerInActor:
     its trainer is the actor, version 0 comes from there, and engines are handed over unstarted
     (their actors start them and join the learner's transfer groups)."""
 
-    def __init__(self, executors, learner: RemoteLearner):
-        self.inner, self.learner = executors, learner
+    def __init__(self, executors, learner: RemoteLearner, switch=None):
+        self.inner, self.learner, self.switch = executors, learner, switch
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
+
+    def switch_pool(self, pool: str, mode: str) -> None:
+        """A time-shared pool's switch: the driver's (colocated.PoolSwitch), over the actors."""
+        if self.switch is None:
+            return self.inner.switch_pool(pool, mode)
+        self.switch(pool, mode)
 
     def trainer(self):
         return self.learner
@@ -178,20 +186,24 @@ class RayRuntime(LocalRuntime):
         self.ray = start_ray(address)
         self.restarts: dict[int, int] = {}
         self._joins: dict = {}  # instance -> (the learner's pending join of its transfer group, its actor's start)
+        self._engine_actors: list = []  # a time-shared pool's engines (colocated.py), started before the learner
 
     def build(self) -> None:
         from aspc.drivers.ray.learner_actor import LearnerActor
 
         in_actor = getattr(self.executors, "learner_in_actor", False)
+        colocated = in_actor and self.config.shared_pool is not None
         if in_actor:
-            self._learner_in_actor()
+            self._learner_in_actor(colocated)
         super().build()
         ray = self.ray
         if not in_actor:
             self.placement = self._placement_group()
         self._gen_actor = ray.remote(_GeneratorActor)
         self._templates = {}
-        for worker in self.gen_workers:  # the engines start side by side; then all have joined their groups
+        if colocated:
+            self._hand_pool_to_engines()
+        for worker in [] if colocated else self.gen_workers:  # side by side; then all have joined their groups
             self._templates[worker.index] = copy.deepcopy(worker.generator)
             worker.generator = self._remote_generator(worker.index, wait=False)
         self._joined()
@@ -201,34 +213,58 @@ class RayRuntime(LocalRuntime):
             learner_actor = learner_class.options(**learner_options).remote(self.learner, self.executors.set_threads)
             self.learner_worker.learner = RemoteLearner(ray, learner_actor)
 
-    def _learner_in_actor(self) -> None:
+    def _learner_in_actor(self, colocated: bool) -> None:
         """The learner actor, on its bundle on rank 0's node, builds the learner itself
         (ActorBuiltLearner); the local runtime's build then reaches it through _LearnerInActor.
-        Rank 0's node is where its transfer groups' `master_address` points (MASTER_ADDR)."""
+        Rank 0's node is where its transfer groups' `master_address` points (MASTER_ADDR). A
+        time-shared pool's engines start first, each on its NPUs' node, and sleep (colocated.py)."""
+        from aspc.drivers.ray.colocated import PoolSwitch, start_engines
         from aspc.drivers.ray.learner_actor import ActorBuiltLearner
 
-        self.placement = self._placement_group(rank0_node(self.ray, self.executors.transfer_info(0)["master_address"]))
-        options = self._bundle(self.config.instances)
-        actor = self._learner_class(ActorBuiltLearner).options(**options).remote(self.executors)
-        self.executors = _LearnerInActor(self.executors, RemoteLearner(self.ray, actor))
+        count, executors = self.config.instances, self.executors
+        engines = [engine_node(self.ray, executors.engine_address(i), i) for i in range(count)] if colocated else None
+        self.placement = self._placement_group(rank0_node(self.ray, executors.learner_address()), engines)
+        if colocated:
+            executors.engines_in_actors()
+            start_engines(self.ray, self, {i: executors.unstarted_engine(i, count) for i in range(count)})
+        options = self._bundle(count)
+        actor = self._learner_class(ActorBuiltLearner).options(**options).remote(executors)
+        switch = PoolSwitch(self.ray, self._engine_actors, actor) if colocated else None
+        self.executors = _LearnerInActor(executors, RemoteLearner(self.ray, actor), switch)
+
+    def _hand_pool_to_engines(self) -> None:
+        """The controller starts a time-shared pool in generation (its first mode): the trainer
+        offloads, then each engine's actor joins its transfer engine and wakes into the published
+        version."""
+        from aspc.drivers.ray.colocated import wake_into
+
+        for worker in self.gen_workers:
+            worker.generator = RemoteGenerator(self.ray, self._engine_actors[worker.index])
+        self.executors.switch(self.config.shared_pool, self.controller.mode)
+        info = [self.executors.transfer_info(i) for i in range(self.config.instances)]
+        wake_into(self.ray, self._engine_actors, info, self.ray.put(self.weights[max(self.weights)]))
 
     def _learner_class(self, cls):
         from aspc.drivers.ray.learner_actor import remote_learner_class
 
         return remote_learner_class(cls, self.config.instances)
 
-    def _placement_group(self, learner_node: dict | None = None):
+    def _placement_group(self, learner_node: dict | None = None, engine_nodes: list | None = None):
         """One bundle per generation instance, then the learner's (`learner_node`: the resource that
         pins it to rank 0's node): `NPU` bundles of an instance's devices on Ascend pools, each with
-        an actor's share of a CPU; on a CPU pool shares of a CPU, packed onto one node."""
+        an actor's share of a CPU; on a CPU pool shares of a CPU, packed onto one node. A colocated
+        instance's bundle holds no NPU and is pinned to its NPUs' node (`engine_nodes`)."""
         from ray.util.placement_group import placement_group, remove_placement_group
 
-        kind, self.devices = device_bundles(self.plan)
+        kind, self.devices = device_bundles(self.plan, engines_share=engine_nodes is not None)
         bundles = [{"CPU": CPU_SHARE, **devices} for devices in self.devices] or \
             [{"CPU": CPU_SHARE} for _ in range(self.config.instances + 1)]
         bundles[-1].update(learner_node or {})
         if self.devices:  # the learner's actor holds its share of the node resource too: it runs on that bundle
             self.devices[-1].update(learner_node or {})
+            for index, pin in enumerate(engine_nodes or []):
+                bundles[index].update(pin)
+                self.devices[index].update(pin)
         # accelerator bundles go wherever each fits (one bundle never spans nodes); the rollout pool's
         # and rank 0's devices are on different nodes in the launch plan (backends/ascend/topology.py)
         group = placement_group(bundles, strategy="STRICT_PACK" if kind == "CPU" else "PACK")
@@ -310,6 +346,7 @@ class RayRuntime(LocalRuntime):
             if self.options.checkpoint_dir is not None:  # for a last checkpoint after the actors are gone
                 self._final_parts = learner.parts()
             actors.append(learner.actor)
+        actors += self._engine_actors  # a colocated start that failed leaves no worker holding them
         for actor in actors:
             self.ray.kill(actor)
         if getattr(self, "placement", None) is not None:
@@ -331,6 +368,10 @@ class RayRuntime(LocalRuntime):
             count = self.restarts[action.instance] = self.restarts.get(action.instance, 0) + 1
             if count > MAX_RESTARTS:
                 raise WorkerFailed(f"generation instance {action.instance} failed {count} times; giving up")
+            if self._engine_actors:
+                raise WorkerFailed(f"colocated generation instance {action.instance} failed; an engine that shares "
+                                   "its NPUs with trainer ranks is not restarted during a run (it must start while "
+                                   "its NPUs are free): rerun, or give generation a pool of its own")
             self.gen_workers[action.instance].inbox.put(("replace", self._remote_generator(action.instance)))
             return
         super()._act(action)

@@ -1,0 +1,197 @@
+"""The policy's learner on NPUs: a megatron-core GPTModel per rank (through the MindSpeed adaptor),
+trained on the plan's packed micro-batches (packing.py) with aspc's policy loss, its weights
+published for the engines (weight_sync.py), and the log-probs of the frozen reference
+(reference_model.py) through megatron's forward-only schedule (forward_only.py).
+
+Followed: megatron-core 0.16.1 (`get_forward_backward_func`, `vocab_parallel_cross_entropy`,
+`get_megatron_optimizer`), MindSpeed-RL's actor worker (mindspeed_rl/workers/actor_hybrid_worker.py:
+rewards and advantages on the host, one optimizer step per policy version) and verl's megatron actor
+(packed rows with per-sequence positions). Each data-parallel rank trains its share of the packed
+rows (data_parallel.py); as the CPU learner, the step's gradients are micro-batch sums divided by
+the step's divisor (losses.step_divisor) at the optimizer step."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from aspc.backends.ascend.data_parallel import groups_over
+from aspc.backends.ascend.forward_only import PipelinedForward, token_logprobs
+from aspc.backends.ascend.megatron_model import build_gpt, load_checkpoint, materialize
+from aspc.backends.ascend.offload import Offloadable
+from aspc.backends.ascend.packing import feed, model_device, pack
+from aspc.backends.ascend.reshard import grouped_to_sequential
+from aspc.backends.ascend.weight_sync import gather_hf, whole_hf_in_place
+from aspc.backends.cpu.losses import group_advantages, policy_loss, step_divisor
+
+
+@dataclass(frozen=True)
+class SyncSetup:
+    arch: object  # aspc.ir.facts.ModelArch of the policy
+    parallel: object  # the train stage's aspc.ir.graph.Parallel
+    comm: object  # weight_sync.TorchCommunicator over the stage's process groups
+    sender: object = None  # weight_sync.WeightSender on rank 0 (separate pools); an IpcSender on every rank (colocated)
+    colocated: bool = False  # the engines share the trainer's NPUs: every rank publishes the whole model (npu_ipc)
+    layout: object = None  # the trainer's reshard.Layout (layout_of); None refuses MLA models
+
+
+class MegatronTrainer(Offloadable):
+    """The Trainer role (aspc/roles.py) on one megatron rank; every rank of the job runs the same
+    calls in the same order (the driver's learner actor is rank 0, the others follow its calls:
+    call_broadcast.py). `reward_fn` scores on the host (rule and python rewards); `loss` is aspc's
+    policy loss (backends/cpu/losses.py: the same surrogate the CPU backend trains with)."""
+
+    def __init__(self, stage: dict, rank_args: dict, settings, reward_fn, sync, reference=None):
+        """`sync`: how weights leave (a SyncSetup: the model's shape, the stage's parallel layout, the
+        communicator, and on rank 0 the WeightSender)."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        self.stage, self.settings = stage, settings
+        model = self._wrapped(load_checkpoint(build_gpt(stage, rank_args), stage))
+        self._assemble(reward_fn, sync, reference, model, self._optimizer(model), get_forward_backward_func())
+        self.rank_args = rank_args
+
+    @classmethod
+    def of_parts(cls, stage: dict, settings, sync, model, optimizer, step_func, reward_fn=None, reference=None):
+        """A trainer over given parts instead of megatron's (the CPU tests' fakes): a DDP-like `model`
+        (scale_gradients), an optimizer whose step() gives (ok, grad norm, _), a schedule."""
+        trainer = cls.__new__(cls)
+        trainer.stage, trainer.settings, trainer.rank_args = stage, settings, {}
+        trainer._assemble(reward_fn, sync, reference, model, optimizer, step_func)
+        return trainer
+
+    def _assemble(self, reward_fn, sync, reference, model, optimizer, step_func) -> None:
+        self.reward_fn, self.sync, self.reference_model = reward_fn, sync, reference
+        self.model, self.optimizer, self.step_func = model, optimizer, step_func
+        self.dp, self.pp = groups_over(self.stage, sync.comm, model_device(model))
+        self.critic = None  # a follower's share of the PPO critic (attach_critic)
+        self.version = 0
+        self.stats: list[dict] = []
+        self.sequences, self.tokens, self.loss = 0, 0, 0.0  # the step's, over every data-parallel rank's rows
+        self.offloaded: list = []  # the restore steps of what `offload` moved to host memory
+
+    @staticmethod
+    def _wrapped(model):
+        """megatron's optimizer takes DDP-wrapped chunks; gradients are reduced by finalize_model_grads."""
+        from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
+                                               finalize_model_grads)
+
+        model.config.finalize_model_grads_func = finalize_model_grads
+        return DistributedDataParallel(model.config, DistributedDataParallelConfig(), module=model)
+
+    def _optimizer(self, model):
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        s = self.settings
+        optimizer_config = OptimizerConfig(optimizer="adam", lr=s.lr, weight_decay=s.weight_decay,
+                                           clip_grad=s.grad_clip, bf16=self.stage["config"].get("bf16", False),
+                                           params_dtype=materialize(self.stage["config"])["params_dtype"])
+        return get_megatron_optimizer(optimizer_config, [model])
+
+    def reward(self, rollouts: list) -> None:
+        for r in rollouts:
+            r.reward = r.task_reward = self.reward_fn(r)
+
+    def reference(self, rollouts: list) -> None:
+        """The reference's log-probs of each rollout's response tokens (the frozen reference, or the
+        policy without one), forward only through megatron's schedule (pipeline stages included:
+        forward_only.py); every rank of the pipeline group receives them."""
+        found = PipelinedForward.of(self.stage, self.sync.comm).logprobs(self.reference_model or self.model, rollouts)
+        for r in rollouts:
+            r.ref_logprobs = found[r.key]
+
+    def values(self, rollouts: list) -> None:
+        raise NotImplementedError("the policy trainer has no value head: the critic's calls go to critic.py's "
+                                  "MegatronCritic")
+
+    def attach_critic(self, critic_stage: dict) -> None:
+        """A rank other than 0 builds its share of the PPO critic (rank 0's MegatronCritic.build asks):
+        the critic stage's model on this rank's pipeline stage (the critic has the trainer's layout,
+        critic.critic_refusals); rank 0's calls to it follow as "critic.<call>"."""
+        from aspc.backends.ascend.critic import MegatronCritic
+
+        self.critic = MegatronCritic.build_rank(critic_stage, self.rank_args, self.settings)
+
+    def train(self, rollouts: list) -> None:
+        """Accumulate the summed policy loss's gradients of one unit: this data-parallel rank's share
+        of the packed rows (every rank packs the whole unit, the same way)."""
+        batches = pack(rollouts, self.stage["micro_batching"]["tokens"], self._advantages(rollouts))
+        mine = self.dp.share(batches)
+        found = self.step_func(forward_step_func=self._forward_step(len(mine)), data_iterator=feed(mine, self.model),
+                               model=[self.model], num_microbatches=len(mine),
+                               seq_length=self.stage["micro_batching"]["tokens"], micro_batch_size=1,
+                               forward_only=False) or []
+        self.stats += found
+        self.loss += sum(float(stats["loss"]) for stats in found)  # the last pipeline stage's
+        self.sequences += len(rollouts)
+        self.tokens += int(sum(mb.loss_mask.sum() for mb in batches))
+
+    def _advantages(self, rollouts: list) -> dict:
+        """Sample key -> its advantage (the controller hands whole groups), or with GAE (PPO) its
+        response tokens' advantages from the values the critic gave (critic.py)."""
+        s = self.settings
+        if s.estimator == "gae":
+            from aspc.backends.ascend.critic import gae_targets
+
+            return gae_targets(rollouts, s)[0]
+        rewards = group_advantages([r.reward for r in rollouts], s.group, s.estimator, s.normalize,
+                                   [r.masked for r in rollouts])
+        return dict(zip((r.key for r in rollouts), rewards))
+
+    def _forward_step(self, count: int):
+        """megatron's forward step over this rank's `count` micro-batches: the loss is the summed
+        policy loss (megatron divides it by `count`, undone here; the step divides the sum)."""
+        s = self.settings
+
+        def forward_step(data_iterator, model):
+            mb = next(data_iterator)
+            logits = model(mb.input_ids, mb.position_ids, mb.attention_mask)
+
+            def loss_func(output):
+                logp = token_logprobs(output, mb.labels, s.temperature)
+                kl = s.kl if mb.ref_logprobs is not None else 0.0  # the k3 penalty against the reference
+                loss, stats = policy_loss(logp, mb.old_logprobs, mb.ref_logprobs, mb.advantages, mb.loss_mask,
+                                          s.loss, s.clip, s.clip_high, kl, s.loss_agg)
+                return loss * count, {"loss": loss.detach(), **stats}
+
+            return logits, loss_func
+
+        return forward_step
+
+    def optimizer_step(self) -> dict:
+        """The policy's step: the summed gradients of every data-parallel rank's rows over the step's
+        divisor (DDP averaged them over the ranks), clipped, Adam; the step's loss so divided."""
+        s = self.settings
+        divisor = step_divisor(s.aggregation, self.sequences, self.tokens, s.max_tokens)
+        loss = self.dp.total(self.pp.total(self.loss))  # the last stage's, on every stage
+        self.model.scale_gradients(self.dp.gradient_scale(divisor))
+        succeeded, grad_norm, _ = self.optimizer.step()
+        self.optimizer.zero_grad()
+        stats, self.stats = self.stats, []
+        self.sequences, self.tokens, self.loss = 0, 0, 0.0
+        return {"loss": loss / divisor, "grad_norm": float(grad_norm or 0.0), "update_skipped": not succeeded,
+                "micro_batches": len(stats)}
+
+    def snapshot(self):
+        """Publish the next version: every rank takes part in assembling full Hugging Face tensors
+        on rank 0 (weight_sync.gather_hf), where the sender stages them for the engines' refreshes;
+        other ranks return None."""
+        self.version += 1
+        return self.publish(self.version)
+
+    def publish(self, version: int):
+        """Publish the weights as `version` (0: the checkpoint's, before any step): separate pools
+        assemble them on rank 0 alone, colocated pools on every rank (each feeds the engine worker
+        on its NPU)."""
+        local = {k: v for k, v in self.model.module.state_dict().items() if isinstance(v, torch.Tensor)}
+        if self.stage["config"].get("moe_grouped_gemm"):
+            local = grouped_to_sequential(self.sync.arch, local, self.sync.parallel.ep)
+        assemble = whole_hf_in_place if self.sync.colocated else gather_hf
+        tensors = assemble(self.sync.arch, local, self.sync.parallel, self.sync.comm, self.sync.layout)
+        return self.sync.sender.publish(version, tensors) if self.sync.sender is not None else None
+
+    def send_weights(self, version: int, instance: int) -> None:
+        """Send staged version `version` to one instance. Separate pools: rank 0 alone broadcasts it
+        (an engine's HandleSender asks, weight_sync.py). Colocated pools: every rank, together (rank 0's
+        IpcSender broadcasts this call to the others before its NPU IPC send)."""
+        self.sync.sender.wait(self.sync.sender.start(version, instance))

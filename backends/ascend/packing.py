@@ -1,0 +1,93 @@
+"""The plan's packed micro-batches (pure, tested on CPU): rollouts first-fit-decreasing into rows of
+the pack pass's token budget, each row one sequence of tokens with per-sequence positions and a
+block-diagonal causal mask (verl's megatron actor packs rows so), and the per-token tensors the
+loss reads aligned with the labels."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class MicroBatch:
+    """Sequences packed into one row of `tokens` (padded to it: one static shape per bucket for
+    graph mode); positions restart per sequence and the causal mask is block-diagonal, so packed
+    sequences never attend to each other. Per-token tensors are aligned with `labels`."""
+
+    input_ids: torch.Tensor  # [1, T]
+    position_ids: torch.Tensor  # [1, T]
+    attention_mask: torch.Tensor  # [1, 1, T, T], True where attention is masked (megatron's convention)
+    labels: torch.Tensor  # [1, T]: the next token
+    loss_mask: torch.Tensor  # [1, T]: 1 where the label is a response token the model wrote (not a tool's)
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    keys: list
+    spans: list  # each sequence's (first, end) label positions of its response tokens
+    ref_logprobs: torch.Tensor | None = None  # the reference's, where the rollouts have them (the KL term)
+
+    def to(self, device) -> MicroBatch:
+        """This micro-batch with its tensors on `device`."""
+        moved = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
+                 if isinstance(getattr(self, f.name), torch.Tensor)}
+        return dataclasses.replace(self, **moved)
+
+
+def model_device(model) -> torch.device:
+    """Where `model`'s parameters are (the rank's NPU once torch_npu's set_device ran; CPU without any)."""
+    first = next(iter(model.parameters()), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+def feed(batches: list[MicroBatch], model) -> Iterator[MicroBatch]:
+    """megatron's data iterator over `batches`: each moved to `model`'s device as the schedule takes it
+    (packing builds them on the host; one micro-batch at a time on the NPU)."""
+    device = model_device(model)
+    return (mb.to(device) for mb in batches)
+
+
+def pack(rollouts: list, tokens: int, advantages: dict | None = None) -> list[MicroBatch]:
+    """First-fit-decreasing into rows of at most `tokens` (the pack pass's token budget);
+    `advantages`: sample key -> its advantage (0 for a forward-only pass)."""
+    rows: list[list] = []
+    for r in sorted(rollouts, key=lambda r: -(len(r.prompt) + len(r.response))):
+        length = len(r.prompt) + len(r.response)
+        if length > tokens:
+            raise ValueError(f"a sample of {length} tokens exceeds the micro-batch budget of {tokens}")
+        row = next((row for row in rows if sum(len(x.prompt) + len(x.response) for x in row) + length <= tokens), None)
+        if row is None:
+            rows.append([r])
+        else:
+            row.append(r)
+    return [_micro_batch(row, tokens, advantages or {}) for row in rows]
+
+
+def _micro_batch(row: list, tokens: int, advantages: dict) -> MicroBatch:
+    ids, pos, labels, mask, old, adv, ref = ([0] * tokens for _ in range(7))
+    allowed = torch.zeros(tokens, tokens, dtype=torch.bool)
+    at, spans = 0, []
+    for r in row:
+        seq, n_prompt = list(r.prompt) + list(r.response), len(r.prompt)
+        end = at + len(seq)
+        ids[at:end], pos[at:end] = seq, range(len(seq))
+        labels[at:end - 1] = seq[1:]
+        counted = getattr(r, "loss_mask", None) or [1] * len(r.response)  # agentic: tool tokens 0
+        for i in range(n_prompt - 1, len(seq) - 1):  # position i predicts response token i + 1
+            mask[at + i], old[at + i] = counted[i - n_prompt + 1], r.behaviour_logprobs[i - n_prompt + 1]
+            ref[at + i] = r.ref_logprobs[i - n_prompt + 1] if r.ref_logprobs is not None else 0.0
+            given = advantages.get(r.key, 0.0)  # a sample's advantage, or its tokens' (GAE)
+            adv[at + i] = given[i - n_prompt + 1] if isinstance(given, list) else given
+        spans.append((at + n_prompt - 1, end - 1))
+        allowed[at:end, at:end] = torch.tril(torch.ones(len(seq), len(seq), dtype=torch.bool))
+        at = end
+    as_row = lambda values, dtype=torch.long: torch.tensor(values, dtype=dtype)[None]  # noqa: E731
+    return MicroBatch(as_row(ids), as_row(pos), (~allowed)[None, None], as_row(labels), as_row(mask, torch.float),
+                      as_row(old, torch.float), as_row(adv, torch.float), [r.key for r in row], spans,
+                      as_row(ref, torch.float) if all(r.ref_logprobs is not None for r in row) else None)
+
+
+def per_sequence(logp: torch.Tensor, mb: MicroBatch) -> dict:
+    """Sample key -> its response tokens' values in a packed row's per-position tensor [1, T]."""
+    return {key: logp[0, first:end].tolist() for key, (first, end) in zip(mb.keys, mb.spans)}

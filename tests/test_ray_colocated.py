@@ -1,0 +1,205 @@
+"""A colocated (time-shared) pool across two nodes on the Ray runtime (aspc/drivers/ray/colocated.py):
+each engine's actor on the node of its NPUs beside the trainer ranks on them, the controller's pool
+switches carried out on every node, the same samples trained as `--backend cpu`. One local Ray
+with fake node resources `node:10.0.0.1` (node0) and `node:10.0.0.2` (node1) and one fake NPU (for
+trainer rank 0's actor); the engines are test_ascend_executors' fakes of vLLM, and the NPU IPC send
+of every trainer rank hands each chip's handle to the engine worker on that chip, named
+"<node address>-<device>" as vllm-ascend's npu_generate_uuid names a host's physical chip."""
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from aspc.backends.ascend.run_executors import AscendExecutors  # noqa: E402
+from aspc.backends.ascend.weight_sync import IpcSender  # noqa: E402
+from aspc.backends.cpu.executors import CpuExecutors  # noqa: E402
+from conftest import ROOT  # noqa: E402
+from test_ascend_colocated import all_ranks_send  # noqa: E402
+from test_ascend_executors import (REFRESH, TINY, ColocatedLeader, IpcFakeLLM, SamplingParams,  # noqa: E402
+                                   steps_of)
+
+NODES = ("10.0.0.1", "10.0.0.2")
+LOG = "colocated-log"
+
+
+class CallLog:
+    """One run's calls from every actor, in the order they happen (a Ray actor: one at a time)."""
+
+    def __init__(self):
+        self.entries = []
+
+    def append(self, entry):
+        self.entries.append(entry)
+
+    def read(self):
+        return self.entries
+
+
+class RemoteLog:
+    """The run's CallLog from inside an actor; `prefix` tags an engine's calls ("0:sleep(1)")."""
+
+    def __init__(self, prefix=""):
+        self.prefix = prefix
+
+    def append(self, entry):
+        ray.get(ray.get_actor(LOG).append.remote(entry if isinstance(entry, tuple) else self.prefix + entry))
+
+
+def assigned_node() -> str:
+    """The node this actor runs on: the `node:<ip>` resource Ray gave it."""
+    resources = ray.get_runtime_context().get_assigned_resources()
+    [node] = [name.removeprefix("node:") for name in resources if name.startswith("node:")]
+    return node
+
+
+class NodeIpcLLM(IpcFakeLLM):
+    """A colocated engine on its actor's node: its chips are that node's devices of the launch plan
+    (ASCEND_RT_VISIBLE_DEVICES while it starts); it loads each chunk from its own chips' handles."""
+
+    def __init__(self, instance, generator, **engine_args):
+        super().__init__(RemoteLog(f"{instance}:"), generator, **engine_args)
+        self.instance, self.node = instance, assigned_node()
+        self.chips = {f"{self.node}-{d}" for d in os.environ["ASCEND_RT_VISIBLE_DEVICES"].split(",")}
+        self.calls.append(("placed", instance, self.node, os.environ["ASCEND_RT_VISIBLE_DEVICES"], os.getpid()))
+
+    def update_weights(self, request):
+        info = request["update_info"]
+        self.calls.append("update_weights")
+        read = set()
+        for chip in self.chips:
+            sender_chip, tensors = info["ipc_handles"][chip]
+            read.add(sender_chip)
+            self.received.update({name: tensors[name] for name in info["names"]})
+        self.calls.append(("read", self.instance, tuple(sorted(read))))
+
+
+class RayColocatedExecutors(AscendExecutors):
+    """AscendExecutors with the fakes: the CPU generator behind NodeIpcLLM, the CPU learner as
+    megatron's rank 0 behind an IpcSender whose send stands for every rank's (all chips of both
+    nodes)."""
+
+    def check_launch(self):  # the tiny model has no checkpoint
+        pass
+
+    def _cpu(self):
+        if "cpu" not in self.__dict__:
+            self.cpu = CpuExecutors(self.plan, self.base_dir, self.seed)
+        return self.cpu
+
+    def engine_api(self, index, instances):
+        generator = self._cpu().generation_engine(index, instances)
+        return SimpleNamespace(LLM=lambda **args: NodeIpcLLM(index, generator, **args), SamplingParams=SamplingParams)
+
+    def build_trainer(self):
+        log = RemoteLog()
+        log.append(("learner", assigned_node(), ray.get_runtime_context().get_assigned_resources().get("NPU")))
+        chips = [f"{NODES[p.node]}-{d}" for p in self.launch.processes if p.stage == self.train_stage.name
+                 for d in p.env["ASCEND_RT_VISIBLE_DEVICES"].split(",")]
+        return LoggedLeader(self._cpu().trainer(), IpcSender(all_ranks_send(chips)), log)
+
+
+class LoggedLeader(ColocatedLeader):
+    def train(self, rollouts):
+        self.log.append("train")
+        self.learner.train(rollouts)
+
+
+def two_nodes(directory, hardware):
+    """tiny_grpo (8 heads) on 16 devices of `hardware`: two engines of tp = 8, one per node, and a
+    trainer with a rank on every device."""
+    text = TINY.read_text().replace("pool cpu = cpu x 2", f"pool cpu = {hardware} x 16")
+    text = text.replace("heads = 4, kv_heads = 2", "heads = 8, kv_heads = 8")
+    text = text.replace("instances = 2, temperature", "instances = 2, tp = 8, temperature")
+    path = directory / f"two_nodes_{hardware}.aspl"
+    path.write_text(text.replace("loss = grpo, lr = 3e-4", "dp = 16, loss = grpo, lr = 3e-4"))
+    return path
+
+
+def metrics(aspc, path, backend, out, *extra):
+    result = aspc("run", str(path), "--backend", backend, *extra, "--steps", "2", "--warmstart", "0",
+                  "--metrics", str(out), "--set", "schedule.staleness=0")
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in out.read_text().splitlines() if '"trained"' in line]
+
+
+@pytest.fixture(scope="module")
+def ray_run(tmp_path_factory):
+    """`aspc run --backend ascend --runtime ray` of the two-node colocated plan, and `--backend cpu`
+    of the same pipeline on CPU pools. Returns (the Ray run's metrics, the CPU run's, the call log)."""
+    from click.testing import CliRunner
+
+    from aspc.backends.ascend import executors as npu_executors
+    from aspc.backends.ascend import run_executors
+    from aspc.cli import doctor
+    from aspc.cli.main import main
+
+    def aspc(*args):
+        return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+    directory = tmp_path_factory.mktemp("colocated")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(doctor, "missing_stack_message", lambda: None)
+        patch.setattr(npu_executors, "require_npu", lambda: None)
+        patch.setattr(run_executors, "AscendExecutors", RayColocatedExecutors)
+        patch.setenv("ASPC_NODES", ",".join(NODES))
+        patch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+        ray.shutdown()
+        ray.init(num_cpus=2, resources={"NPU": 1, **{f"node:{n}": 1 for n in NODES}}, include_dashboard=False,
+                 log_to_driver=False)
+        try:
+            log = ray.remote(CallLog).options(name=LOG, num_cpus=0).remote()
+            on_ray = metrics(aspc, two_nodes(directory, "910b3"), "ascend", directory / "ray.jsonl",
+                             "--runtime", "ray")
+            entries = ray.get(log.read.remote())
+        finally:
+            ray.shutdown()
+    cpu = metrics(aspc, two_nodes(directory, "cpu"), "cpu", directory / "cpu.jsonl", "--workers", "threads")
+    return on_ray, cpu, entries
+
+
+def test_each_engine_runs_on_its_nodes_npus_and_loads_only_the_trainer_ranks_there(ray_run):
+    _, _, log = ray_run
+    placed = sorted(e[1:4] for e in log if isinstance(e, tuple) and e[0] == "placed")
+    assert placed == [(0, NODES[0], "0,1,2,3,4,5,6,7"), (1, NODES[1], "0,1,2,3,4,5,6,7")]
+    reads = {(e[1], e[2]) for e in log if isinstance(e, tuple) and e[0] == "read"}
+    assert reads == {(i, tuple(f"{NODES[i]}-{d}" for d in range(8))) for i in (0, 1)}
+    [learner] = [e for e in log if isinstance(e, tuple) and e[0] == "learner"]
+    assert learner == ("learner", NODES[0], 1.0)  # trainer rank 0's actor: node0, an NPU of Ray's
+    pids = {e[4] for e in log if isinstance(e, tuple) and e[0] == "placed"}
+    assert len(pids | {os.getpid()}) == 3  # an actor each, not this process
+
+
+def engine_calls(log, instance):
+    return steps_of([e.split(":", 1)[1] for e in log if isinstance(e, str) and e.startswith(f"{instance}:")])
+
+
+def test_the_pool_switches_run_in_the_controllers_order_on_every_node(ray_run):
+    """Both engines start and sleep before the trainer builds; every switch to generation offloads
+    the trainer before any engine wakes; every switch to training sleeps both engines (on both
+    nodes) before the trainer onloads."""
+    _, _, log = ray_run
+    built = next(at for at, e in enumerate(log) if isinstance(e, tuple) and e[0] == "learner")
+    for instance in (0, 1):
+        assert engine_calls(log, instance) == ["sleep(1)", "init_weight_transfer_engine", *REFRESH, "generate",
+                                               "sleep(1)", *REFRESH, "generate", "sleep(1)"], log
+        assert log.index(f"{instance}:sleep(1)") < built
+    calls = [e for e in log if isinstance(e, str)]
+    assert [e for e in steps_of(calls) if ":" not in e] == ["offload", "onload", "train", "offload", "onload",
+                                                            "train"]
+    for at, entry in enumerate(calls):
+        switches = [e for e in calls[:at] if e in ("offload", "onload")]
+        if entry.endswith("wake_up(['weights'])"):
+            assert switches and switches[-1] == "offload", calls
+        if entry == "onload":
+            for instance in (0, 1):
+                assert [e for e in calls[:at] if e.startswith(f"{instance}:")][-1] == f"{instance}:sleep(1)", calls
+
+
+def test_the_samples_trained_equal_a_cpu_runs(ray_run):
+    on_ray, cpu, _ = ray_run
+    assert len(on_ray) == len(cpu) == 2
+    assert [m["trained"] for m in on_ray] == [m["trained"] for m in cpu]
+    assert on_ray[0]["reward"] == cpu[0]["reward"]
