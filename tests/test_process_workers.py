@@ -6,6 +6,7 @@ import signal
 import pytest
 
 from aspc.backends.cpu.executors import CpuExecutors
+from aspc.drivers.local.processes import ChildProcess, start_fork_server
 from aspc.drivers.local.runtime import LocalRuntime, RunOptions
 from aspc.drivers.local.workers import WorkerFailed
 from aspc.plan.toolchain import compile_with_passes
@@ -47,3 +48,32 @@ def test_a_killed_learner_process_ends_the_run_naming_it():
     os.kill(run.learner_worker.learner.child.process.pid, signal.SIGKILL)
     with pytest.raises(WorkerFailed, match="learner.*died"):
         run.run()
+
+
+class _Probe:
+    """A worker's server that reports what its process sees."""
+
+    def modules(self) -> list[str]:
+        return []
+
+    def seen(self, name: str) -> tuple:
+        return os.environ.get(name), os.getcwd()
+
+
+def _keep_threads(count: int) -> int:
+    return count
+
+
+def test_a_worker_process_has_the_environment_and_directory_of_its_start(monkeypatch, tmp_path):
+    """Children fork from a fork server started earlier, with the environment of then; a child
+    still takes the main process's environment and working directory as they are at its start."""
+    start_fork_server([])
+    monkeypatch.setenv("ASPC_PROBE", "set after the fork server started")
+    monkeypatch.chdir(tmp_path)
+    child = ChildProcess("probe", _Probe(), 1, _keep_threads, [])
+    try:
+        assert child.call("seen", "ASPC_PROBE") == ("set after the fork server started", str(tmp_path))
+    finally:
+        child.stop()
+        child.join()
+    assert child.process.exitcode == 0

@@ -29,6 +29,14 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _descendants(pid: int) -> list[int]:
+    """Children, their children, ...: the worker processes are the fork server's children."""
+    found = _children(pid)
+    for child in list(found):
+        found += _descendants(child)
+    return found
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -44,7 +52,7 @@ def test_sigkill_mid_run_then_resume_trains_every_sample_exactly_once(tmp_path):
     while len(metrics(path)) < 5 and time.time() < deadline and process.poll() is None:
         time.sleep(0.05)
     assert process.poll() is None, "the run ended before it could be killed"
-    workers = _children(process.pid)  # the generation instances' and the learner's processes
+    workers = _descendants(process.pid)  # the instances', the learner's, the fork server's processes
     assert len(workers) >= 3
     os.kill(process.pid, signal.SIGKILL)
     process.wait()

@@ -12,10 +12,20 @@ held-out evaluation read the same objects as with threads.
 
 A child ignores SIGINT (the main process handles Ctrl-C and still reads the learner's state for
 its checkpoint) and exits when its pipe closes, so a killed main process leaves no orphans.
+
+Children are forked from a fork server (multiprocessing's `forkserver`): a process started once per
+main process that imports torch and the backend's worker modules before any thread pool exists,
+then forks a child per worker in milliseconds. Spawning imported torch in every child (seconds
+each on two cores, three children per run) and finalised it again at exit. A child takes the
+main process's working directory and `sys.path` (multiprocessing sends them) and its environment
+(`_serve` sets it), as a spawned child did.
 """
 from __future__ import annotations
 
+import inspect
 import multiprocessing
+import multiprocessing.forkserver
+import os
 import pickle
 import signal
 import sys
@@ -24,26 +34,68 @@ import traceback
 
 from aspc.drivers.local.workers import InstanceLost
 
-START = "spawn"  # fork after torch has started its thread pools can deadlock the child
+# Never a plain fork of the main process: fork after torch has started its thread pools can
+# deadlock the child. The fork server forks before torch has computed anything.
+START = "forkserver"
+# Imported lazily by the CPU backend's `set_threads` at a worker's first call (about a second a child).
+LAZY_IMPORTS = ("torch._dynamo",)
 
 
 class WorkerProcessFailed(Exception):
     """A worker process raised or died; the message names it and says why."""
 
 
-def _serve(conn, threads: int, set_threads, search_path: list[str]) -> None:
+def _serve(conn, threads: int, set_threads, search_path: list[str], environment: dict[str, str]) -> None:
     """A child's loop: its server object first (user modules, e.g. a python reward, import from
     `search_path` as in the main process), then (method, args) in, ("ok", value) or ("error",
     text) out, until the pipe closes. A child never prints a traceback of its own: an error goes
     back as a reply, and a closed pipe (the main process ended or was killed) ends it quietly."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked since its start (ChildProcess)
+    _take_environment(environment)
     set_threads(threads)
     sys.path[:0] = search_path
     try:
         _loop(conn, _receive(conn))
     except (EOFError, OSError):
         return
+
+
+def _take_environment(environment: dict[str, str]) -> None:
+    """The main process's environment as it is now, not as it was when the fork server started."""
+    for name in set(os.environ) - set(environment):
+        del os.environ[name]
+    os.environ.update(environment)
+
+
+def start_fork_server(preload: list[str]):
+    """The fork server's context, its server started if it was not: it imports `preload` (and
+    LAZY_IMPORTS, and what the main module is made of) while this process goes on, e.g. with the
+    warm start. The first call of a process chooses the modules; every later child finds them
+    imported. SIGINT stays blocked in the server and so in every child it forks (see ChildProcess)."""
+    context = multiprocessing.get_context(START)
+    context.set_forkserver_preload(list(dict.fromkeys([*_main_imports(), *preload, *LAZY_IMPORTS])))
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    return context
+
+
+def _main_imports() -> list[str]:
+    """The modules the main module is made of: its own name under `python -m`, and where its
+    modules and functions come from (`aspc.cli.main` for the `aspc` script). Every child imports
+    the main module again, as a spawned one does; these make that cheap."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    names = [spec.name] if spec is not None and not spec.name.endswith("__main__") else []
+    for value in vars(main).values() if main is not None else ():
+        if inspect.ismodule(value):
+            names.append(value.__name__)
+        elif (inspect.isfunction(value) or inspect.isclass(value)) and value.__module__ not in ("__main__", None):
+            names.append(value.__module__)
+    return names
 
 
 def _loop(conn, server) -> None:
@@ -75,13 +127,14 @@ def _receive(conn):
 
 class ChildProcess:
     def __init__(self, name: str, server, threads: int, set_threads, search_path: list[str]):
-        context = multiprocessing.get_context(START)
+        context = start_fork_server([set_threads.__module__, *server.modules()])
         self.name = name
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=_serve, args=(child, threads, set_threads, search_path), name=name,
-                                       daemon=True)
-        # The child starts with SIGINT blocked (a signal mask survives exec): a Ctrl-C that lands
-        # while it imports torch must not kill it with a traceback before it ignores SIGINT.
+        self.process = context.Process(target=_serve, args=(child, threads, set_threads, search_path,
+                                                            dict(os.environ)), name=name, daemon=True)
+        # The child starts with SIGINT blocked, as the fork server does (it inherited the mask of
+        # start_fork_server; a mask survives exec): a Ctrl-C that lands before the child ignores
+        # SIGINT must not kill it with a traceback.
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             self.process.start()
@@ -138,6 +191,10 @@ class _EngineServer:
 
     def __init__(self, engine):
         self.engine = engine
+
+    def modules(self) -> list[str]:
+        """What the fork server imports ahead: the engine's module."""
+        return [type(self.engine).__module__]
 
     def call(self, adds: list, method: str, args: tuple):
         for key, ids, seed in adds:
@@ -198,6 +255,10 @@ class ProcessEngine:
 class _LearnerServer:
     def __init__(self, learner):
         self.learner = learner
+
+    def modules(self) -> list[str]:
+        """What the fork server imports ahead: the learner's module."""
+        return [type(self.learner).__module__]
 
     def run(self, method: str, rollouts: list) -> list[dict]:
         """Per rollout, the fields the pass set (others may change in the main process meanwhile:

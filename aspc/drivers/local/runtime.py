@@ -90,6 +90,7 @@ class LocalRuntime:
         self.threads = threads_per_worker(self.config.instances + len(self.config.executors), self.options.threads)
         resume_from = self._resume_point()
         if self.options.warmstart_steps and resume_from is None:
+            self._start_fork_server()
             self._warm_start()
         self.executors.set_threads(self.threads)
         self.learner = self.executors.trainer()
@@ -131,6 +132,14 @@ class LocalRuntime:
         self.learner_worker.learner = ProcessLearner(self.learner, self.threads, self.executors.set_threads, search)
         for proxy in [w.generator for w in self.gen_workers] + [self.learner_worker.learner]:
             proxy.child.ready()  # they start side by side; the run's clock starts once all are up
+
+    def _start_fork_server(self) -> None:
+        """Process workers: the fork server imports torch while the warm start runs (the first
+        child would start it otherwise)."""
+        if self.options.workers == "processes":
+            from aspc.drivers.local.processes import start_fork_server
+
+            start_fork_server([self.executors.set_threads.__module__, type(self.executors).__module__])
 
     def _close_processes(self) -> None:
         """The run is over: the learner's final state back into this process's objects (for
