@@ -4,7 +4,6 @@ the CPU learner in megatron rank 0's place, threads for the trainer's ranks (fak
 import dataclasses
 import os
 import weakref
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,14 +11,14 @@ import torch
 from aspc.backends.ascend import reshard
 from aspc.backends.ascend.hf_stream import HfStream, stream_peak_bytes
 from aspc.backends.ascend.run_executors import AscendExecutors
-from aspc.backends.ascend.weight_sync import IpcSender, coords_of, reshard_in_place
+from aspc.backends.ascend.weight_sync import coords_of, reshard_in_place
 from aspc.ir.facts import ModelArch
 from aspc.ir.graph import Parallel
 from aspc.plan.toolchain import compile_with_passes
 from conftest import ROOT
 from fake_comm import run_ranks
-from test_ascend_executors import (REFRESH, TINY, ColocatedLeader, IpcFakeLLM, SamplingParams, fake_platform,
-                                   npu_trains_as_cpu, steps_of)
+from test_ascend_executors import (REFRESH, TINY, IpcFakeLLM, fake_colocated_platform, npu_trains_as_cpu,
+                                   steps_of)
 
 
 # ---- several engines on one time-shared pool ----
@@ -74,27 +73,8 @@ def trainer_chips(executors) -> list[str]:
 
 
 def two_engine_platform(monkeypatch):
-    built = fake_platform(monkeypatch)
-
-    def cpu(self):
-        if "cpu" not in self.__dict__:
-            from aspc.backends.cpu.executors import CpuExecutors
-
-            self.cpu, self.log = CpuExecutors(self.plan, self.base_dir, self.seed), []
-            built.append(self)
-        return self.cpu
-
-    def engine_api(self, index, instances):
-        generator = cpu(self).generation_engine(index, instances)
-        return SimpleNamespace(LLM=lambda **args: PlacedIpcLLM(self.log, index, generator, **args),
-                               SamplingParams=SamplingParams)
-
-    def build_trainer(self):
-        return ColocatedLeader(cpu(self).trainer(), IpcSender(all_ranks_send(trainer_chips(self))), self.log)
-
-    monkeypatch.setattr(AscendExecutors, "engine_api", engine_api)
-    monkeypatch.setattr(AscendExecutors, "build_trainer", build_trainer)
-    return built
+    """Each engine's fake vLLM placed on its NPU (PlacedIpcLLM); every trainer rank sends its chip's chunks."""
+    return fake_colocated_platform(monkeypatch, llm=PlacedIpcLLM, send=lambda self: all_ranks_send(trainer_chips(self)))
 
 
 def two_engines(tmp_path):

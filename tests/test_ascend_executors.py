@@ -671,12 +671,14 @@ class ColocatedLeader(CpuLearnerAsLeader):
         self.learner.train(rollouts)
 
 
-def fake_colocated_platform(monkeypatch):
-    """fake_platform with colocated engines (IpcFakeLLM) and the CPU learner behind an IpcSender;
-    one log of the engines' and the learner's calls per factory."""
+def fake_colocated_platform(monkeypatch, llm=None, send=None):
+    """fake_platform with colocated engines and the CPU learner behind an IpcSender; one log of the
+    engines' and the learner's calls per factory. `llm(log, index, generator, **args)`: an engine's
+    fake vLLM (IpcFakeLLM); `send(factory)`: the ranks' NPU IPC send (ipc_send)."""
     from aspc.backends.ascend.weight_sync import IpcSender
 
     built = fake_platform(monkeypatch)
+    llm = llm or (lambda log, index, generator, **args: IpcFakeLLM(log, generator, **args))
 
     def cpu(self):
         if "cpu" not in self.__dict__:
@@ -686,12 +688,14 @@ def fake_colocated_platform(monkeypatch):
 
     def engine_api(self, index, instances):
         generator = cpu(self).generation_engine(index, instances)
-        return SimpleNamespace(LLM=lambda **args: IpcFakeLLM(self.log, generator, **args),
+        return SimpleNamespace(LLM=lambda **args: llm(self.log, index, generator, **args),
                                SamplingParams=SamplingParams)
 
+    def build_trainer(self):
+        return ColocatedLeader(cpu(self).trainer(), IpcSender(send(self) if send else ipc_send), self.log)
+
     monkeypatch.setattr(AscendExecutors, "engine_api", engine_api)
-    monkeypatch.setattr(AscendExecutors, "build_trainer",
-                        lambda self: ColocatedLeader(cpu(self).trainer(), IpcSender(ipc_send), self.log))
+    monkeypatch.setattr(AscendExecutors, "build_trainer", build_trainer)
     return built
 
 

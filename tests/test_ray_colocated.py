@@ -13,13 +13,11 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from aspc.backends.ascend.run_executors import AscendExecutors  # noqa: E402
 from aspc.backends.ascend.weight_sync import IpcSender  # noqa: E402
-from aspc.backends.cpu.executors import CpuExecutors  # noqa: E402
 from conftest import ROOT  # noqa: E402
 from test_ascend_colocated import all_ranks_send  # noqa: E402
-from test_ascend_executors import (REFRESH, TINY, ColocatedLeader, IpcFakeLLM, SamplingParams,  # noqa: E402
-                                   steps_of)
+from test_ascend_executors import (REFRESH, TINY, ColocatedLeader, IpcFakeLLM, RayFakeAscendExecutors,  # noqa: E402
+                                   SamplingParams, steps_of)
 
 NODES = ("10.0.0.1", "10.0.0.2")
 LOG = "colocated-log"
@@ -76,18 +74,9 @@ class NodeIpcLLM(IpcFakeLLM):
         self.calls.append(("read", self.instance, tuple(sorted(read))))
 
 
-class RayColocatedExecutors(AscendExecutors):
-    """AscendExecutors with the fakes: the CPU generator behind NodeIpcLLM, the CPU learner as
-    megatron's rank 0 behind an IpcSender whose send stands for every rank's (all chips of both
-    nodes)."""
-
-    def check_launch(self):  # the tiny model has no checkpoint
-        pass
-
-    def _cpu(self):
-        if "cpu" not in self.__dict__:
-            self.cpu = CpuExecutors(self.plan, self.base_dir, self.seed)
-        return self.cpu
+class RayColocatedExecutors(RayFakeAscendExecutors):
+    """The Ray fakes colocated: the CPU generator behind NodeIpcLLM, the CPU learner as megatron's
+    rank 0 behind an IpcSender whose send stands for every rank's (all chips of both nodes)."""
 
     def engine_api(self, index, instances):
         generator = self._cpu().generation_engine(index, instances)
