@@ -48,6 +48,14 @@ def test_a_stage_or_rank_the_plan_does_not_have_is_a_clear_message(monkeypatch, 
         assert what in message and "--dry-run" in message
 
 
+def test_a_judge_engine_line_says_where_the_judge_runs(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(npu_executors, "require_npu", lambda: None)
+    plan = tmp_path / "launch.json"
+    plan.write_text(launch("tiny_rlaif").to_json(), encoding="utf-8")
+    assert npu_executors.main(["generate", "--plan", str(plan), "--stage", "score"]) == 2
+    assert "judge engine of stage score runs in the scorer process" in capsys.readouterr().err
+
+
 class Broadcast:
     """broadcast_call between threads: rank 0 sends, each follower receives in order."""
 

@@ -142,6 +142,10 @@ def main(argv=None) -> int:
             from aspc.backends.ascend.reward_model import run_rank
 
             return run_rank(launch, args.stage, args.instance, args.rank)
+        if args.role == "generate" and stage.get("kind") == "reward":  # a judge's engine (scorers.py)
+            print(f"aspc: the judge engine of stage {args.stage} runs in the scorer process `aspc run FILE "
+                  f"--backend ascend` starts for it", file=sys.stderr)
+            return 2
         if args.role == "generate" or args.rank == 0:
             print(f"aspc: {args.role} {args.stage} (rank 0 / engines) runs as an actor of the controller: start it "
                   f"with `aspc run FILE --backend ascend --runtime ray`", file=sys.stderr)
