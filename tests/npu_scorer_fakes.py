@@ -2,7 +2,7 @@
 tests/test_ascend_scorer_runs.py): megatron's GPTModel over the CPU reward model's decoder, a fake
 of vLLM's offline API over a judge model, and `build`, the factory a real scorer process
 (backends/ascend/scorer_process.py) calls in its child to build the NPU reward model or judge
-over these stand-ins."""
+over these stand-ins. The critic tests train the same stand-in (PackedValueModel)."""
 import copy
 import os
 from pathlib import Path

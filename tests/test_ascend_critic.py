@@ -3,7 +3,6 @@ GPTModel built from the lowered critic stage; its values and clipped value loss 
 against the CPU learner's on a fixed batch; and `aspc run tiny_ppo --backend ascend` with the
 platform faked (megatron's forward needs CUDA/NPU: a packed-row model over the CPU critic's
 layers stands for the GPTModel, under the real ValueHead)."""
-import copy
 import dataclasses
 from types import SimpleNamespace
 
@@ -21,28 +20,17 @@ from aspc.plan.toolchain import compile_with_passes
 from conftest import ROOT
 from fake_comm import run_ranks
 from fake_pipeline import PipelineStage, pipeline_schedule
+from npu_scorer_fakes import GptStandIn
 from test_ascend_conformance import megatron_012  # noqa: F401 (a fixture)
 from test_ascend_executors import fake_platform, npu_trains_as_cpu, one_rank  # noqa: F401 (a fixture)
 
 PPO = ROOT / "pipelines" / "tiny_ppo.aspl"
 
 
-class PackedValueModel(torch.nn.Module):
+class PackedValueModel(GptStandIn):
     """The GPTModel's place on CPU: the CPU critic's layers over megatron's packed row (per-sequence
     positions, block-diagonal mask, True where masked), then the real ValueHead as megatron calls
-    its output layer ([T, B, H] in, ([T, B, 1], None) out)."""
-
-    def __init__(self, cpu_critic):
-        super().__init__()
-        self.body = copy.deepcopy(cpu_critic)
-        self.output_layer = ValueHead(cpu_critic.arch.hidden)
-        self.output_layer.load_state_dict(cpu_critic.value.state_dict())
-        self.body.value = None
-
-    def forward(self, input_ids, position_ids, attention_mask):
-        hidden = self.body.hidden_states(input_ids, position_ids, ~attention_mask)
-        values, _ = self.output_layer(hidden.transpose(0, 1))
-        return values.transpose(0, 1)
+    its output layer ([T, B, H] in, ([T, B, 1], None) out); the reward model's stand-in, trained."""
 
     def scale_gradients(self, factor):  # megatron DDP's
         for p in self.parameters():
