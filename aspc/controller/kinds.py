@@ -42,10 +42,13 @@ RULES: dict[str, KindRule] = {r.kind: r for r in (
 # A reward stage's rule depends on its sources: a model() source scores on the stage's pool.
 _REWARD_MODEL = KindRule("reward", "samples", "rewards", "forward_model", False, True, False, "forward")
 # A judge(...) source generates a verdict per sample on the stage's pool: a prefill of rubric,
-# prompt and response and a short decode (backends/sim/pricing.py, RooflinePricing.judge). Its
+# prompt and response and a one-token decode (backends/sim/pricing.py, RooflinePricing.judge). Its
 # units go to a free executor of the stage like a reward model's (no dispatch policy routes them).
 _JUDGE = KindRule("reward", "samples", "rewards", "judge", False, True, False, "judge")
-JUDGE_VERDICT_TOKENS = 64  # what a judge decodes per sample: a verdict or a score with a short reason
+# What a judge decodes per sample: the one verdict token every judge the runtime executes reads
+# (P("1") or the greedy token at the first generated position: backends/cpu/judge.py); the NPU
+# judge's engine is lowered with it as max_tokens, so nothing decodes a reason nobody reads.
+JUDGE_VERDICT_TOKENS = 1
 
 
 def rule_for(stage: StagePlan) -> KindRule | None:
