@@ -55,13 +55,18 @@ def assigned_node() -> str:
 
 class NodeIpcLLM(IpcFakeLLM):
     """A colocated engine on its actor's node: its chips are that node's devices of the launch plan
-    (ASCEND_RT_VISIBLE_DEVICES while it starts); it loads each chunk from its own chips' handles."""
+    (ASCEND_RT_VISIBLE_DEVICES while it starts); it loads each chunk from its own chips' handles.
+    A data-parallel rank (VLLM_DP_RANK while it starts) tags its calls "instance.rank:"."""
 
     def __init__(self, instance, generator, **engine_args):
-        super().__init__(RemoteLog(f"{instance}:"), generator, **engine_args)
+        self.rank = os.environ.get("VLLM_DP_RANK")
+        super().__init__(RemoteLog(f"{instance}:" if self.rank is None else f"{instance}.{self.rank}:"), generator,
+                         **engine_args)
         self.instance, self.node = instance, assigned_node()
         self.chips = {f"{self.node}-{d}" for d in os.environ["ASCEND_RT_VISIBLE_DEVICES"].split(",")}
-        self.calls.append(("placed", instance, self.node, os.environ["ASCEND_RT_VISIBLE_DEVICES"], os.getpid()))
+        dp_env = tuple(os.environ.get(f"VLLM_DP_{key}") for key in ("RANK", "SIZE", "MASTER_IP", "MASTER_PORT"))
+        self.calls.append(("placed", instance, self.node, os.environ["ASCEND_RT_VISIBLE_DEVICES"], os.getpid(),
+                           dp_env))
 
     def update_weights(self, request):
         info = request["update_info"]
@@ -71,7 +76,7 @@ class NodeIpcLLM(IpcFakeLLM):
             sender_chip, tensors = info["ipc_handles"][chip]
             read.add(sender_chip)
             self.received.update({name: tensors[name] for name in info["names"]})
-        self.calls.append(("read", self.instance, tuple(sorted(read))))
+        self.calls.append(("read", self.instance, tuple(sorted(read)), self.rank))
 
 
 class RayColocatedExecutors(RayFakeAscendExecutors):
@@ -107,45 +112,65 @@ def two_nodes(directory, hardware):
     return path
 
 
-def metrics(aspc, path, backend, out, *extra):
-    result = aspc("run", str(path), "--backend", backend, *extra, "--steps", "2", "--warmstart", "0",
+def metrics(aspc, path, backend, out, *extra, steps=2):
+    result = aspc("run", str(path), "--backend", backend, *extra, "--steps", str(steps), "--warmstart", "0",
                   "--metrics", str(out), "--set", "schedule.staleness=0")
     assert result.exit_code == 0, result.output
     return [json.loads(line) for line in out.read_text().splitlines() if '"trained"' in line]
 
 
-@pytest.fixture(scope="module")
-def ray_run(tmp_path_factory):
-    """`aspc run --backend ascend --runtime ray` of the two-node colocated plan, and `--backend cpu`
-    of the same pipeline on CPU pools. Returns (the Ray run's metrics, the CPU run's, the call log)."""
+def cli():
     from click.testing import CliRunner
 
-    from aspc.backends.ascend import executors as npu_executors
-    from aspc.backends.ascend import run_executors
-    from aspc.cli import doctor
     from aspc.cli.main import main
 
-    def aspc(*args):
-        return CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return lambda *args: CliRunner().invoke(main, list(args), catch_exceptions=False)
 
-    directory = tmp_path_factory.mktemp("colocated")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(doctor, "missing_stack_message", lambda: None)
-        patch.setattr(npu_executors, "require_npu", lambda: None)
-        patch.setattr(run_executors, "AscendExecutors", RayColocatedExecutors)
-        patch.setenv("ASPC_NODES", ",".join(NODES))
-        patch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+
+@pytest.fixture(scope="module")
+def fake_cluster():
+    """One local Ray for the module's runs: the two fake nodes, one fake NPU, the fakes importable
+    by the actors (PYTHONPATH before Ray starts its workers)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
         ray.shutdown()
         ray.init(num_cpus=2, resources={"NPU": 1, **{f"node:{n}": 1 for n in NODES}}, include_dashboard=False,
                  log_to_driver=False)
         try:
-            log = ray.remote(CallLog).options(name=LOG, num_cpus=0).remote()
-            on_ray = metrics(aspc, two_nodes(directory, "910b3"), "ascend", directory / "ray.jsonl",
-                             "--runtime", "ray")
-            entries = ray.get(log.read.remote())
+            yield
         finally:
             ray.shutdown()
-    cpu = metrics(aspc, two_nodes(directory, "cpu"), "cpu", directory / "cpu.jsonl", "--workers", "threads")
+
+
+def run_on_ray(path, out, patch=None, steps=2):
+    """`aspc run --backend ascend --runtime ray` of `path` on the fake two-node cluster (`patch`: more
+    monkeypatching in this process). Returns (its metrics, the call log)."""
+    from aspc.backends.ascend import executors as npu_executors
+    from aspc.backends.ascend import run_executors
+    from aspc.cli import doctor
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(doctor, "missing_stack_message", lambda: None)
+        monkeypatch.setattr(npu_executors, "require_npu", lambda: None)
+        monkeypatch.setattr(run_executors, "AscendExecutors", RayColocatedExecutors)
+        monkeypatch.setenv("ASPC_NODES", ",".join(NODES))
+        if patch is not None:
+            patch(monkeypatch)
+        log = ray.remote(CallLog).options(name=LOG, num_cpus=0).remote()
+        try:
+            on_ray = metrics(cli(), path, "ascend", out, "--runtime", "ray", steps=steps)
+            return on_ray, ray.get(log.read.remote())
+        finally:
+            ray.kill(log)
+
+
+@pytest.fixture(scope="module")
+def ray_run(tmp_path_factory, fake_cluster):
+    """`aspc run --backend ascend --runtime ray` of the two-node colocated plan, and `--backend cpu`
+    of the same pipeline on CPU pools. Returns (the Ray run's metrics, the CPU run's, the call log)."""
+    directory = tmp_path_factory.mktemp("colocated")
+    on_ray, entries = run_on_ray(two_nodes(directory, "910b3"), directory / "ray.jsonl")
+    cpu = metrics(cli(), two_nodes(directory, "cpu"), "cpu", directory / "cpu.jsonl", "--workers", "threads")
     return on_ray, cpu, entries
 
 
@@ -192,3 +217,69 @@ def test_the_samples_trained_equal_a_cpu_runs(ray_run):
     assert len(on_ray) == len(cpu) == 2
     assert [m["trained"] for m in on_ray] == [m["trained"] for m in cpu]
     assert on_ray[0]["reward"] == cpu[0]["reward"]
+
+
+# ---- an instance with dp > 1: its engine ranks, each an actor on its NPUs' node ----
+def test_r1_zero_671b_places_six_instances_of_32_engine_ranks_with_their_dp_env_on_their_nodes(monkeypatch):
+    """Not refused on Ray (the local runtime still refuses its engines beyond this node); each of the
+    6 x 32 ranks gets the launch plan's environment for its rank, and its actor the node of its 2 NPUs
+    (8 NPUs a node: instance i's rank r holds devices 64 i + 2 r and the next, node 8 i + r // 4)."""
+    from aspc.backends.ascend.run_executors import AscendExecutors
+    from aspc.drivers.ray.colocated import rank_options
+    from aspc.plan.toolchain import compile_with_passes
+
+    nodes = [f"10.1.{n // 256}.{n % 256}" for n in range(48)]
+    monkeypatch.setenv("ASPC_NODES", ",".join(nodes))
+    monkeypatch.setattr(AscendExecutors, "check_launch", lambda self: None)  # no checkpoint here
+    plan = compile_with_passes(ROOT / "pipelines" / "r1_zero_671b.aspl").plan()
+    assert AscendExecutors.unsupported(plan, "ray") == []
+    assert [r.option for r in AscendExecutors.unsupported(plan)] == ["instances"]
+    executors = AscendExecutors(plan, ROOT / "pipelines")
+    cluster = SimpleNamespace(cluster_resources=lambda: {f"node:{n}": 1.0 for n in nodes})
+    ports = set()
+    for instance in range(6):
+        group = executors.unstarted_engine(instance, 6)
+        assert group.size == 32 and group.lockstep
+        pins = [next(iter(options["resources"])) for options in rank_options(cluster, group)]
+        assert pins == [f"node:{nodes[8 * instance + rank // 4]}" for rank in range(32)]
+        envs = [engine.env for engine in group.engines]
+        ports.add(envs[0]["VLLM_DP_MASTER_PORT"])
+        for rank, env in enumerate(envs):
+            assert env["ASCEND_RT_VISIBLE_DEVICES"] == f"{2 * rank % 8},{2 * rank % 8 + 1}"
+            assert (env["VLLM_DP_RANK"], env["VLLM_DP_RANK_LOCAL"], env["VLLM_DP_SIZE"]) == (str(rank), str(rank % 4),
+                                                                                          "32")
+            assert (env["VLLM_DP_MASTER_IP"], env["VLLM_DP_MASTER_PORT"]) == (nodes[8 * instance],
+                                                                              envs[0]["VLLM_DP_MASTER_PORT"])
+    assert len(ports) == 6  # a rendezvous per instance
+
+
+def as_moe(monkeypatch):
+    """Lower the dense tiny model's data-parallel ranks as a MoE model's group (VLLM_DP_*)."""
+    from aspc.backends.ascend import engine_args
+
+    group_env = engine_args.data_parallel_env
+    monkeypatch.setattr(engine_args, "data_parallel_env", lambda is_moe, *args: group_env(True, *args))
+
+
+@pytest.fixture(scope="module")
+def dp_run(tmp_path_factory, fake_cluster):
+    """One step of one instance of tp = 8, dp = 2 over the two nodes: rank 0 on node0's NPUs, rank 1
+    on node1's (the first switch to generation refreshes every rank with version 0)."""
+    directory = tmp_path_factory.mktemp("colocated_dp")
+    path = two_nodes(directory, "910b3")
+    path.write_text(path.read_text().replace("instances = 2, tp = 8", "instances = 1, tp = 8, dp = 2"))
+    return run_on_ray(path, directory / "ray.jsonl", as_moe, steps=1)
+
+
+def test_each_data_parallel_rank_runs_on_its_nodes_npus_sleeps_wakes_and_refreshes(dp_run, ray_run):
+    on_ray, log = dp_run
+    assert [m["trained"] for m in on_ray] == [ray_run[1][0]["trained"]]  # every request answered once
+    placed = sorted((e[1:4], e[5]) for e in log if isinstance(e, tuple) and e[0] == "placed")
+    port = placed[0][1][3]
+    assert placed == [((0, NODES[rank], "0,1,2,3,4,5,6,7"), (str(rank), "2", NODES[0], port)) for rank in (0, 1)]
+    assert len({e[4] for e in log if isinstance(e, tuple) and e[0] == "placed"} | {os.getpid()}) == 3
+    reads = {(e[2], e[3]) for e in log if isinstance(e, tuple) and e[0] == "read"}
+    assert reads == {(tuple(f"{NODES[r]}-{d}" for d in range(8)), str(r)) for r in (0, 1)}
+    for rank in (0, 1):
+        assert engine_calls(log, f"0.{rank}") == ["sleep(1)", "init_weight_transfer_engine", *REFRESH, "generate",
+                                                  "sleep(1)"], log

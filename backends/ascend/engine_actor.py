@@ -47,10 +47,13 @@ class PublishedWeights:
     sender: Any = field(compare=False)  # .start(version, instance) -> pending; .wait(pending)
 
 
-# What places one engine process (its NPUs, its HCCL ports): set while vLLM starts the engine's
-# processes, which inherit it, then put back, so the next engine on this host and the trainer's
-# rank here keep their own. The rest (VLLM_*) stays: vLLM reads it in this process too.
-PLACEMENT_ENV = ("ASCEND_RT_VISIBLE_DEVICES", "HCCL_HOST_SOCKET_PORT_RANGE", "HCCL_NPU_SOCKET_PORT_RANGE")
+# What places one engine process (its NPUs, its HCCL ports, its data-parallel rank): set while vLLM
+# starts the engine's processes, which inherit it, then put back, so the next engine on this host
+# (another rank of the same instance too) and the trainer's rank here keep their own. VLLM_DP_* is
+# read while LLM() builds its config here (vllm/config/parallel.py, the offline SPMD case), which
+# goes to the engine core with it. The rest (VLLM_*) stays: vLLM reads it in this process too.
+PLACEMENT_ENV = ("ASCEND_RT_VISIBLE_DEVICES", "HCCL_HOST_SOCKET_PORT_RANGE", "HCCL_NPU_SOCKET_PORT_RANGE",
+                 "VLLM_DP_RANK", "VLLM_DP_RANK_LOCAL", "VLLM_DP_SIZE", "VLLM_DP_MASTER_IP", "VLLM_DP_MASTER_PORT")
 
 
 @contextlib.contextmanager
@@ -70,6 +73,11 @@ def engine_environment(env: dict):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def refresh_call_name(step) -> str:
+    """A weight_refresh call of the launch plan: a name, or {"call": name, ...}."""
+    return step if isinstance(step, str) else step["call"]
 
 
 def vllm_api():
@@ -160,19 +168,28 @@ class VllmEngine:
         """Take version `published.version` by the calls the launch plan lists (`weight_refresh`,
         backends/ascend/engine_args.py): a sleeping engine wakes its weights first and its KV cache
         last; the trainer broadcasts while vLLM's workers receive and load each tensor in checkpoint
-        (Hugging Face) format. Requests in flight go on under the new weights (partial rollout)."""
-        if "init_weight_transfer_engine" in self.refresh["calls"] and not self.connected:
-            raise RuntimeError(f"instance {self.instance} has not joined the trainer's weight-transfer group")
+        (Hugging Face) format. Requests in flight go on under the new weights (partial rollout).
+        A data-parallel instance runs the same calls on each of its ranks (engine_group.py)."""
+        self.check_connected()
         pending = published.sender.start(published.version, self.instance)
         try:
             for step in self.refresh["calls"]:
-                self._refresh_call(step, published, pending)
+                if refresh_call_name(step) != "update_weights":
+                    self.refresh_step(step)
+                    continue
+                for info in self.update_infos(published, pending):
+                    self.load_chunk(info)
         finally:
             published.sender.wait(pending)
-        self.version, self.asleep = published.version, False
+        self.refreshed(published.version)
 
-    def _refresh_call(self, step, published: PublishedWeights, pending) -> None:
-        name = step if isinstance(step, str) else step["call"]
+    def check_connected(self) -> None:
+        if "init_weight_transfer_engine" in self.refresh["calls"] and not self.connected:
+            raise RuntimeError(f"instance {self.instance} has not joined the trainer's weight-transfer group")
+
+    def refresh_step(self, step) -> None:
+        """One call of the refresh other than update_weights (`load_chunk`)."""
+        name = refresh_call_name(step)
         if name == "wake_up":
             if self.asleep:
                 self.llm.wake_up(tags=step["tags"])
@@ -180,20 +197,30 @@ class VllmEngine:
             pass  # once, by connect(), when the trainer's group forms
         elif name == "start_weight_update":
             self.llm.start_weight_update(is_checkpoint_format=True)
-        elif name == "update_weights":
-            for info in self._update_infos(published, pending):
-                self.llm.update_weights({"update_info": info})
         elif name == "finish_weight_update":
             self.llm.finish_weight_update()
         else:
             raise ValueError(f"the launch plan asks for a weight-refresh call '{name}' this engine does not know")
 
+    def load_chunk(self, info) -> None:
+        self.llm.update_weights({"update_info": info})
+
+    def refreshed(self, version: int) -> None:
+        self.version, self.asleep = version, False
+
     @staticmethod
-    def _update_infos(published: PublishedWeights, pending) -> list | object:
+    def update_infos(published: PublishedWeights, pending) -> list | object:
         """What each update_weights call gets: the HCCL broadcast's one description of every
         tensor, or (npu_ipc, colocated) the chunks the trainer's IpcSender delivers while it sends."""
         updates = getattr(published.sender, "updates", None)
         return updates(pending) if updates is not None else [published.update_info]
+
+    def serve(self, requests: list[tuple]) -> list[Finished]:
+        """A data-parallel rank's turn (engine_group.py): submit `requests` (key, ids, seed,
+        max_tokens or None: the stage's), then one step if anything is in flight."""
+        for key, ids, seed, max_tokens in requests:
+            self.submit(key, ids, seed, self.sampling["max_tokens"] if max_tokens is None else max_tokens)
+        return self.step() if self.busy else []
 
     def sleep(self) -> None:
         """A time-shared pool goes to the trainer: free the NPU memory (the controller switches

@@ -1,7 +1,8 @@
 """`aspc run --backend ascend`: the Executors factory (aspc/roles.py) of a run on NPUs. The driver
 and its controller are the same as every backend's; this factory hands them
 - generation instances: `VllmEngine`s (engine_actor.py) with the launch plan's engine arguments,
-  each joined to the trainer's weight-transfer group when built;
+  each joined to the trainer's weight-transfer group when built; an instance with dp > 1 (colocated
+  pools) is an `EngineGroup` of its dp engine ranks (engine_group.py);
 - the learner: rank 0 of the train stage's megatron job, a `MegatronTrainer` behind a `Leader`
   (megatron_trainer.py, call_broadcast.py); ranks > 0 are the processes of the launch plan (`--dry-run` prints them),
   which follow rank 0's calls. On the local runtime rank 0 is in this process; on Ray it is built
@@ -33,6 +34,7 @@ import threading
 from aspc.backends.ascend.critic import PolicyWithCritic, critic_refusals
 from aspc.backends.ascend.engine_actor import VllmEngine
 from aspc.backends.ascend.engine_args import IPC_ENV
+from aspc.backends.ascend.engine_group import EngineGroup
 from aspc.backends.ascend.episodes import EpisodeEngine, EpisodeSettings, tool_format
 from aspc.backends.ascend.lowering import lower
 from aspc.backends.ascend.process_env import node_address, node_addresses_from_env
@@ -99,6 +101,8 @@ class AscendExecutors(CpuExecutors):
         for stage in plan.stages:
             if stage.kind == "generate" and stage.placement == "time_shared":
                 found += colocated_refusals(plan, stage, runtime)
+            if stage.kind == "generate" and stage.parallel.dp > 1:
+                found += data_parallel_refusals(plan, stage)
             if stage.kind == "critic":
                 found += critic_refusals(plan, stage)
             if stage.kind == "reward":
@@ -149,16 +153,25 @@ class AscendExecutors(CpuExecutors):
             engine.load_weights(self.initial)
         return engine
 
-    def unstarted_engine(self, index: int, instances: int) -> VllmEngine:
+    def unstarted_engine(self, index: int, instances: int) -> VllmEngine | EngineGroup:
         """Instance `index` before vLLM starts and before it joins the transfer group: what the Ray
-        runtime hands the instance's actor (which joins with `transfer_info`)."""
-        api, env = self.engine_api(index, instances), self.engine_env(index)
-        if self.env_stage is None:
-            engine = VllmEngine(self.gen_launch, index, api, env)
+        runtime hands the instance's actor (which joins with `transfer_info`). With dp > 1 the
+        instance is its dp engine ranks, each with its rank's environment (engine_group.py)."""
+        dp = self.gen_stage.parallel.dp
+        if dp > 1:
+            ranks = [self._rank_engine(index, instances, rank) for rank in range(dp)]
+            engine = EngineGroup(ranks, index, "VLLM_DP_SIZE" in ranks[0].env,
+                                 [self.engine_address(index, rank) for rank in range(dp)])
         else:
-            engine = EpisodeEngine(self.gen_launch, index, api, env, settings=self.episodes)
+            engine = self._rank_engine(index, instances, 0)
         self.engines[index] = engine
         return engine
+
+    def _rank_engine(self, index: int, instances: int, rank: int) -> VllmEngine:
+        api, env = self.engine_api(index, instances), self.engine_env(index, rank)
+        if self.env_stage is None:
+            return VllmEngine(self.gen_launch, index, api, env)
+        return EpisodeEngine(self.gen_launch, index, api, env, settings=self.episodes)
 
     def episode_settings(self) -> EpisodeSettings:
         """The environment's episodes on an engine: the shared policy, the call format in the
@@ -167,11 +180,11 @@ class AscendExecutors(CpuExecutors):
         return EpisodeSettings(EpisodePolicy.of(self.env_stage), tool_format(options, self.tokenizer),
                                options["max_tool_tokens"], self.tokenizer.eos_ids)
 
-    def engine_address(self, index: int) -> str:
-        """The address of the node whose NPUs instance `index`'s engine uses (ASPC_NODES; a
-        `${NODE[k]}` reference without it): where the Ray runtime starts a colocated engine's actor,
-        beside the trainer ranks on the same NPUs."""
-        name = f"{self.gen_stage.name}.{index}.dp0"
+    def engine_address(self, index: int, rank: int = 0) -> str:
+        """The address of the node whose NPUs data-parallel rank `rank` of instance `index` uses
+        (ASPC_NODES; a `${NODE[k]}` reference without it): where the Ray runtime starts a colocated
+        engine's actor, beside the trainer ranks on the same NPUs."""
+        name = f"{self.gen_stage.name}.{index}.dp{rank}"
         process = next(p for p in self.launch.processes if p.name == name)
         return node_address(process.node, node_addresses_from_env())
 
@@ -184,15 +197,16 @@ class AscendExecutors(CpuExecutors):
         learner's actor builds the trainer, which then must not start them itself."""
         self.engines_elsewhere = True
 
-    def engine_env(self, index: int) -> dict:
-        """Instance `index`'s engine environment from the launch plan (VLLM_ASCEND_ENABLE_NZ=0, HCCL
-        port ranges on shared NPUs); a separate pool's devices are the runtime's (Ray's). Colocated
+    def engine_env(self, index: int, rank: int = 0) -> dict:
+        """Instance `index`'s engine environment (that of its data-parallel rank `rank`: its NPUs,
+        VLLM_DP_*) from the launch plan (VLLM_ASCEND_ENABLE_NZ=0, HCCL port ranges on shared NPUs);
+        a separate pool's devices are the runtime's (Ray's). Colocated
         engines start here, each on the launch plan's NPUs (ASCEND_RT_VISIBLE_DEVICES, set while
         its processes start: engine_actor.engine_environment, with vLLM's engine core in a process
         of its own), and take the NPU IPC handles through vLLM's collective_rpc, which passes their
         dtypes and storage classes only pickled (vllm/v1/serial_utils.py:
         VLLM_ALLOW_INSECURE_SERIALIZATION)."""
-        name = f"{self.gen_stage.name}.{index}.dp0"
+        name = f"{self.gen_stage.name}.{index}.dp{rank}"
         process = next((p for p in self.launch.processes if p.name == name), None)
         env = dict(process.env if process else {})
         if self.colocated:
@@ -363,10 +377,10 @@ class AscendExecutors(CpuExecutors):
 
 def colocated_refusals(plan: ExecutionPlan, stage, runtime: str | None) -> list[StageRefusal]:
     """What the colocated path (vllm-ascend's NPU IPC engine) cannot run: one engine process per
-    instance, each on its own NPUs: on the local runtime in the trainer's process, on this node; on
-    Ray in an actor on the node of its NPUs (aspc/drivers/ray/colocated.py); every engine worker
-    loads the whole model from the trainer rank on its NPU, so each of its NPUs needs a trainer
-    rank, whose streamed refresh (hf_stream.py) must fit beside the engine's woken weights."""
+    instance (per data-parallel rank), each on its own NPUs: on the local runtime in the trainer's
+    process, on this node; on Ray in an actor on the node of its NPUs (aspc/drivers/ray/colocated.py);
+    every engine worker loads the whole model from the trainer rank on its NPU, so each of its NPUs
+    needs a trainer rank, whose streamed refresh (hf_stream.py) must fit beside the engine's woken weights."""
     found = []
     if runtime not in ("local", "ray", None):
         found.append(StageRefusal(stage.name, f"stage '{stage.name}': colocated engines run on the local or the Ray "
@@ -383,16 +397,27 @@ def colocated_refusals(plan: ExecutionPlan, stage, runtime: str | None) -> list[
     return found + _refresh_memory_refusals(plan, stage, train)
 
 
+def data_parallel_refusals(plan: ExecutionPlan, stage) -> list[StageRefusal]:
+    """An instance with dp > 1 runs as its dp engine ranks (engine_group.py) on a time-shared pool,
+    where every rank's workers take the weights from the trainer ranks on their NPUs; on a pool of
+    its own the HCCL transfer group (`transfer_info`) holds one engine's workers, and agentic
+    episodes (EpisodeEngine) run on one engine."""
+    dp, found = stage.parallel.dp, []
+    if stage.placement != "time_shared":
+        found.append(StageRefusal(stage.name, f"stage '{stage.name}': an instance with dp = {dp} on a pool of its own: "
+                                  "the HCCL weight transfer reaches one engine per instance, not its data-parallel "
+                                  "ranks", "give each instance dp = 1 (more instances instead), or colocate "
+                                  "generation with training", "dp"))
+    if plan.stages_of("environment"):
+        found.append(StageRefusal(stage.name, f"stage '{stage.name}': agentic episodes run on one engine per "
+                                  f"instance, not on dp = {dp} engine ranks", "give each instance dp = 1 (more "
+                                  "instances instead)", "dp"))
+    return found
+
+
 def _engine_process_refusals(plan: ExecutionPlan, stage, runtime: str | None = "local") -> list[StageRefusal]:
-    """One engine process per instance (both runtimes, `runtime` None); the local runtime's on this
-    node (node 0)."""
+    """The local runtime starts colocated engines (every data-parallel rank's) on this node (node 0)."""
     found = []
-    if stage.parallel.dp > 1:
-        found.append(StageRefusal(stage.name, f"stage '{stage.name}': an instance with dp = {stage.parallel.dp} is "
-                                  f"{stage.parallel.dp} engine processes; the local and the Ray runtime start one "
-                                  "colocated engine per instance",
-                                  "give each instance dp = 1 (more instances instead, expert parallelism within tp)",
-                                  "dp"))
     offset = pool_offsets(plan.pools)[stage.pool]
     remote = sorted({device(offset, d).node for d in engine_devices(stage)} - {0})
     if remote and runtime == "local":

@@ -7,7 +7,8 @@ verl/workers/fsdp_workers.py, ActorRolloutRefWorker with its rollout sharding ma
 - each generation instance is an actor (`ColocatedEngineActor`) pinned to the node of its NPUs
   (`node:<ip>`, placement.engine_node); it holds no NPU of Ray's: its vLLM processes take the
   launch plan's NPUs of that node (the executors' engine environment), which the trainer's ranks
-  on the same chips also use;
+  on the same chips also use; an instance with dp > 1 is the executors' engine group in that actor,
+  with an actor per data-parallel rank (`EngineRankActor`) pinned to the rank's node;
 - trainer rank 0 is the learner's actor on node 0 (learner_actor.ActorBuiltLearner); ranks > 0 stay
   the launch plan's follower processes on every node, outside Ray. They already follow rank 0's
   calls (offload, onload, the refresh's send: backends' call broadcast) over the megatron job's
@@ -26,16 +27,24 @@ and sleep; the learner's actor builds the trainer only then."""
 from __future__ import annotations
 
 from aspc.drivers.local.workers import WorkerFailed
-from aspc.drivers.ray.runtime import JOIN_TIMEOUT_S, _GeneratorActor, cause
+from aspc.drivers.ray.placement import engine_node
+from aspc.drivers.ray.runtime import CPU_SHARE, JOIN_TIMEOUT_S, _GeneratorActor, cause
 
 
 class ColocatedEngineActor(_GeneratorActor):
     """Inside a Ray worker on its NPUs' node: one colocated instance, started and put to sleep at
-    once (its weights come at its first refresh, after the trainer offloads)."""
+    once (its weights come at its first refresh, after the trainer offloads). An instance with
+    dp > 1 (the executors' data-parallel engine group: `ranks`, `addresses`) runs each rank's engine
+    in an actor of its own on that rank's node (`start_ranks`); this actor then holds the group,
+    which reaches its ranks through them."""
 
     def __init__(self, engine, set_threads):  # not super's: it would load weights before the trainer offloads
         set_threads(1)
         self.generator = engine
+        if hasattr(engine, "ranks"):
+            import ray
+
+            engine.ranks = ActorRanks(ray, start_ranks(ray, engine, set_threads))
         engine.sleep()  # starts vLLM on the launch plan's NPUs, then frees them for the trainer
 
     def connect(self, init_info: dict) -> None:
@@ -43,6 +52,46 @@ class ColocatedEngineActor(_GeneratorActor):
 
     def sleep(self) -> None:
         self.generator.sleep()
+
+
+class EngineRankActor:
+    """Inside a Ray worker on its NPUs' node: one data-parallel rank's engine of a colocated
+    instance, called by the instance's engine group (its actor: ColocatedEngineActor). These actors
+    are owned by the instance's actor and end with it."""
+
+    def __init__(self, engine, set_threads):
+        set_threads(1)
+        self.engine = engine
+
+    def call(self, method: str, *args):
+        return getattr(self.engine, method)(*args)
+
+
+class ActorRanks:
+    """An engine group's ranks as Ray actors: a call goes to the ranks named, side by side, and
+    returns once every one has answered."""
+
+    def __init__(self, ray, actors: list):
+        self.ray, self.actors = ray, actors
+
+    def call(self, method: str, args: dict) -> dict:
+        refs = {rank: self.actors[rank].call.remote(method, *a) for rank, a in args.items()}
+        return dict(zip(refs, self.ray.get(list(refs.values()))))
+
+
+def rank_options(ray, group) -> list[dict]:
+    """Each data-parallel rank's actor options: pinned to the node of its NPUs (the group's
+    `addresses`, from the launch plan and ASPC_NODES), holding no NPU of Ray's (its engine takes
+    the launch plan's NPUs there, which the trainer's ranks on the same chips also use)."""
+    return [{"num_cpus": CPU_SHARE, "resources": engine_node(ray, address, group.instance)}
+            for address in group.addresses]
+
+
+def start_ranks(ray, group, set_threads) -> list:
+    """The group's rank actors, one per rank on its node, each holding its rank's (unstarted) engine."""
+    remote = ray.remote(EngineRankActor)
+    return [remote.options(**options).remote(engine, set_threads)
+            for options, engine in zip(rank_options(ray, group), group.engines)]
 
 
 class StreamRelay:
