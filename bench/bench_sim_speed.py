@@ -5,6 +5,7 @@ hour apart), so every run also times a fixed pure-Python loop beside it: the rat
 what compares machines and commits; the wall time is what a user waits.
 
     python bench/bench_sim_speed.py [--repeat 5] [--steps 20] [--file pipelines/r1_zero_671b.aspl]
+        [--no-bytecode-cache]
 """
 from __future__ import annotations
 
@@ -31,10 +32,16 @@ def reference_loop() -> float:
     return time.perf_counter() - start
 
 
-def simulate_once(file: str, steps: int) -> float:
+def simulate_once(file: str, steps: int, bytecode: bool) -> float:
+    """One `aspc simulate` in a fresh process. `bytecode`: Python may read and write its byte code
+    cache (as a `pip install`, which compiles it, and any default Python do); without it, a machine
+    with PYTHONDONTWRITEBYTECODE set (these development VMs) compiles every module on each start."""
+    env = dict(os.environ)
+    if bytecode:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "aspc.cli.main", "simulate", file, "--steps", str(steps)],
-                   cwd=ROOT, check=True, capture_output=True)
+                   cwd=ROOT, env=env, check=True, capture_output=True)
     return time.perf_counter() - start
 
 
@@ -43,14 +50,17 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--file", default="pipelines/r1_zero_671b.aspl")
+    parser.add_argument("--no-bytecode-cache", dest="bytecode", action="store_false",
+                        help="compile every module on each start (PYTHONDONTWRITEBYTECODE kept as set)")
     args = parser.parse_args()
-    simulate_once(args.file, 1)  # warm: the page cache, and byte code where Python may write it
+    simulate_once(args.file, 1, args.bytecode)  # warm: the page cache, and the byte code cache
     walls, loops = [], []
     for _ in range(args.repeat):  # interleaved: both see the machine in the same state
         loops.append(reference_loop())
-        walls.append(simulate_once(args.file, args.steps))
+        walls.append(simulate_once(args.file, args.steps, args.bytecode))
+    cached = args.bytecode or not sys.dont_write_bytecode
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
-          f"{platform.python_version()}, byte code cached: {not sys.dont_write_bytecode}")
+          f"{platform.python_version()}, byte code cached: {cached}")
     print(f"`aspc simulate {args.file} --steps {args.steps}`, {args.repeat} runs")
     print("| | min | median | max |\n|---|---|---|---|")
     print(f"| wall (s) | {min(walls):.2f} | {statistics.median(walls):.2f} | {max(walls):.2f} |")

@@ -81,15 +81,18 @@ class GenInstance:
         return k
 
     def advance(self, now: float) -> None:
-        """Account decode progress up to `now` (never past the next finish)."""
-        if not self.active:
+        """Account decode progress up to `now` (never past the next finish). Called at every event
+        of the instance (hundreds of thousands in a large simulation): its reads are inlined."""
+        active = self.active
+        if not active:
             self.clock = max(self.clock, now)
             return
-        start = max(self.clock, self.busy_until)
+        start = self.clock if self.clock >= self.busy_until else self.busy_until
         if now <= start:
             return
-        limit = self._first_finish() - self.count
-        beta, b = self.cost.beta(self._computed()), self.batch
+        limit = self._counts[0] - self.count  # _first_finish
+        b = active + self.ghosts  # batch
+        beta = self.cost.beta(active if self._skips_finished else b)  # _computed
         k = min(self._steps_within(now - start, beta, b), limit)
         while k < limit and self._steps_time(k + 1, beta, b) <= (now - start) + 1e-9:  # float rounding
             k += 1
@@ -98,7 +101,7 @@ class GenInstance:
         end = start + self._steps_time(k, beta, b)
         self._decode_segment(start, end, k)
         self.count += k
-        self.context += k * self.batch
+        self.context += k * b
         self.clock = end
 
     def _decode_segment(self, start: float, end: float, k: int) -> None:
@@ -106,9 +109,9 @@ class GenInstance:
         finished members are padding; of the rest, what the active sequences' tokens would cost at
         the saturated batch is useful and the remainder is tail (a batch below saturation). An engine
         that skips finished members (a calibrated CPU engine) pays no padding for them."""
-        active, total = self.active, end - start
-        padding = total * (self._computed() - active) / self.batch
-        useful = min(total - padding, self.roofline_seconds(k, active, self.context * active / self.batch))
+        active, total, batch = self.active, end - start, self.active + self.ghosts
+        padding = total * ((active if self._skips_finished else batch) - active) / batch
+        useful = min(total - padding, self.roofline_seconds(k, active, self.context * active / batch))
         tail = total - padding - useful
         cursor = start
         for category, seconds in (("useful", useful), ("tail", tail), ("padding", padding)):
@@ -127,7 +130,9 @@ class GenInstance:
         if not self.active:
             return None
         start = max(self.clock, self.busy_until)
-        return start + self.steps_time(self._first_finish() - self.count)
+        b = self.active + self.ghosts  # steps_time, inlined: asked at every event of the instance
+        beta = self.cost.beta(self.active if self._skips_finished else b)
+        return start + self._steps_time(self._counts[0] - self.count, beta, b)
 
     def pop_finished(self, now: float) -> list[tuple]:
         """Samples whose last turn ended; turns that end in a tool call go to `calls`."""

@@ -18,7 +18,7 @@ from aspc.costmodel.cores import CoreShare
 from aspc.costmodel.learner import WorkCost, packed_ranks, work_cost
 from aspc.costmodel.roofline import (GenerationCost, LearnerCost, broadcast_load_seconds, colocated_load_seconds,
                                      dtype_bytes, hardware_of, offload_seconds, publish_seconds)
-from aspc.costmodel.workload import Environment, draw_episode, sample_step
+from aspc.costmodel.workload import Environment, draw_episode, step_lengths
 from aspc.plan.execution_plan import ExecutionPlan, Instance, MicroBatching, StagePlan
 
 # A reward model scores whole sequences; the pack pass does not shape its micro-batches yet, so
@@ -41,21 +41,22 @@ class RooflinePricing:
         self.gen_stage = plan.stages_of("generate")[0]
         self.train_stage = plan.stages_of("train")[0]
         self.data = plan.dataset(self.gen_stage.data)
-        samples = sample_step(self.data, 0)
-        self.mean_tokens = sum(s.tokens for s in samples) / len(samples) + self._mean_observations(samples)
+        prompts, responses = step_lengths(self.data, 0)  # sample k answers prompt k // group
+        tokens = sum(prompts) * self.data.group + sum(responses)
+        self.mean_tokens = tokens / len(responses) + self._mean_observations(responses)
         model = plan.model(self.gen_stage.model)
         self.weight_bytes = model.arch.total_params() * dtype_bytes(model.dtype)
         self._packed: dict[tuple, list] = {}
         self._lengths = {}
         self._generation_costs: dict[str, GenerationCost] = {}  # per stage: its instances share the memos
 
-    def _mean_observations(self, samples) -> float:
+    def _mean_observations(self, responses: list[int]) -> float:
         """Agentic episodes: a sequence's KV and the learner's sequence hold its tool results too."""
         envs = self.plan.stages_of("environment")
         if not envs:
             return 0.0
         env, group = Environment.of(dict(envs[0].options)), self.data.group
-        draws = [draw_episode(env, self.data, 0, i // group, i % group, s.response_len) for i, s in enumerate(samples)]
+        draws = [draw_episode(env, self.data, 0, i // group, i % group, length) for i, length in enumerate(responses)]
         return sum(sum(d.observations) for d in draws) / len(draws)
 
     # ---- generation ----

@@ -319,8 +319,8 @@ class Simulation:
         """The samples the instance finished at this instant, reported together (as the local
         driver's generation worker reports one decode step's)."""
         if self.env is None:
-            length = self.response_len
-            self.feed(SamplesFinished(index, tuple(SampleFinished(s, index, length(s), 1) for s in samples)))
+            length, event = self.response_len, tuple.__new__  # SampleFinished's fields without its Python __new__
+            self.feed(SamplesFinished(index, tuple([event(SampleFinished, (s, index, length(s), 1)) for s in samples])))
             return
         self.feed(SamplesFinished(index, tuple(SampleFinished(s, index, self._truth(s), len(self.episode(s).turns))
                                                for s in samples)))
