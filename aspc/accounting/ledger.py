@@ -19,6 +19,8 @@ from aspc.accounting.trace import Span
 class Ledger:
     device_seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     spans: list[Span] = field(default_factory=list)
+    # segments booked but not yet made spans: (where in `spans` they go, track, segments, until)
+    deferred: list[tuple[int, str, list, float]] = field(default_factory=list)
 
     def add(self, category: str, device_seconds: float) -> None:
         self.device_seconds[category] += device_seconds
@@ -31,13 +33,27 @@ class Ledger:
 
     def segments(self, track: str, segments: list[tuple[float, float, str]], until: float, devices: int) -> None:
         """`span` of each (start, end, category) cut at `until`, labelled with its category (a
-        generation instance's hundreds of thousands of decode segments)."""
-        spans, booked = self.spans, self.device_seconds
+        generation instance's hundreds of thousands of decode segments). The device-seconds are
+        booked now; the spans are made only if someone reads them (`all_spans`: a trace, a plot, a
+        report), not for every summary."""
+        booked = self.device_seconds
         for start, end, category in segments:
             end = min(end, until)
             if end > start:
-                spans.append(Span(track, start, end, category, category))
                 booked[category] += (end - start) * devices
+        self.deferred.append((len(self.spans), track, segments, until))
+
+    def all_spans(self) -> list[Span]:
+        """Every span in the order booked, the deferred segments' made in their place."""
+        if not self.deferred:
+            return self.spans
+        out, taken = [], 0
+        for position, track, segments, until in self.deferred:
+            out += self.spans[taken:position]
+            taken = position
+            out += [Span(track, start, min(end, until), category, category)
+                    for start, end, category in segments if min(end, until) > start]
+        return out + self.spans[taken:]
 
     def close(self, total_device_seconds: float) -> dict[str, float]:
         accounted = sum(v for k, v in self.device_seconds.items() if k != "idle")

@@ -1,11 +1,12 @@
 """What a simulation reports: throughput, the bubble breakdown, the bound, staleness, a trace."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from aspc.drivers.sim.driver import Simulation
 from aspc.memory import no_cycle_collection
-from aspc.accounting.ledger import CATEGORIES, gaps, merge, split_by, step_function_positive
+from aspc.accounting.ledger import CATEGORIES, Ledger, gaps, merge, split_by, step_function_positive
 
 
 @dataclass
@@ -20,7 +21,7 @@ class SimResult:
     mean_response: float
     bubbles: dict[str, float]  # device-seconds per category; they sum to devices x wall
     staleness: dict[int, int]
-    spans: list = field(default_factory=list)
+    ledger: Ledger | None = field(default=None, repr=False)  # its spans: `spans`, made when first read
     pools: dict[str, tuple[int, float]] = field(default_factory=dict)  # pool -> (devices, busy device-seconds)
     tool_calls: int = 0  # agentic episodes: tool calls run (0 without an environment stage)
     endings: dict[str, int] = field(default_factory=dict)  # agentic episodes: why they ended -> count
@@ -28,6 +29,12 @@ class SimResult:
     filtered_tokens: float = 0.0  # dynamic sampling: share of generated tokens never trained
     padded_groups: int = 0  # dynamic sampling: all-equal groups trained because a step hit its bound
     moves: tuple = ()  # runtime rebalancing: (when, generation instance, "learn" | "gen") as carried out
+
+    @functools.cached_property
+    def spans(self) -> list:
+        """The trace: every piece of work and bubble (hundreds of thousands of generation segments
+        for a large plan, made only when a trace, a plot or a report asks)."""
+        return self.ledger.all_spans() if self.ledger is not None else []
 
     @property
     def step_time(self) -> float:
@@ -81,7 +88,7 @@ def collect(sim: Simulation) -> SimResult:
     responses = used / count
     result = SimResult(sim.plan.pipeline, sim.plan.schedule, sim.steps, devices, wall,
                        sim.data.samples_per_step, prompts, responses, bubbles,
-                       dict(sorted(sim.controller.staleness.items())), sim.ledger.spans, pools,
+                       dict(sorted(sim.controller.staleness.items())), sim.ledger, pools,
                        sim.tool_calls, dict(sorted(sim.endings.items())), *_dynamic_sampling(sim, used))
     result.moves = tuple(sim.moves)
     return result
@@ -140,7 +147,7 @@ def _account_switches(sim: Simulation) -> None:
 def _account_instances(sim: Simulation, wall: float) -> None:
     pool = sim.gen_stage.pool
     owned = _mode_intervals(sim, pool, ("gen",))
-    busy = {i.index: merge([(a, min(b, wall)) for a, b, _ in i.segments]) for i in sim.instances}
+    busy = {i.index: _busy(i.segments, wall) for i in sim.instances}
     # Inside an instance's idle gaps, all instances' busy time is its peers' busy time: one union
     anyone = merge([iv for ivs in busy.values() for iv in ivs])
     for inst in sim.instances:
@@ -156,6 +163,23 @@ def _account_instances(sim: Simulation, wall: float) -> None:
                     sim.ledger.span(track, a, b, "tool_wait", "idle: every episode waits on a tool", inst.devices)
                 for part in rest:
                     _account_idle(sim, track, part, peers, inst.devices)
+
+
+def _busy(segments: list[tuple[float, float, str]], wall: float) -> list[tuple[float, float]]:
+    """merge() of the segments cut at `wall`, in one pass: an instance books them in time order
+    (hundreds of thousands); out of order, merge() sorts them."""
+    out: list[list[float]] = []
+    latest = float("-inf")
+    for start, end, _ in segments:
+        if start < latest:
+            return merge([(a, min(b, wall)) for a, b, _ in segments])
+        latest, end = start, min(end, wall)
+        if out and start <= out[-1][1]:
+            if end > out[-1][1]:
+                out[-1][1] = end
+        elif end > start:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
 
 
 def _account_idle(sim: Simulation, track: str, gap: tuple[float, float], peers, devices: int) -> None:
