@@ -41,14 +41,14 @@ def check_golden(path: Path, actual: str) -> None:
 
 def verified_accuracy_over_a_run(pipeline: Path, steps: int = 40, warmstart: int = 200, seed: int = 0):
     """Train `pipeline` on the CPU backend: (greedy held-out accuracy by the task's verifier before
-    RL, after RL, the run's result, the runtime)."""
-    from aspc.backends.cpu.executors import CpuExecutors
+    RL, after RL, the run's result, the runtime). Each distinct warm start is made once a session."""
     from aspc.drivers.local.runtime import LocalRuntime, RunOptions
     from aspc.plan.toolchain import compile_with_passes
+    from warm_starts import SharedWarmStart
 
     plan = compile_with_passes(pipeline, []).plan()
     runtime = LocalRuntime(plan, pipeline.parent, RunOptions(steps=steps, warmstart_steps=warmstart, seed=seed),
-                           CpuExecutors)
+                           SharedWarmStart)
     runtime.build()
     before = runtime.accuracy(256)
     result = runtime.run()

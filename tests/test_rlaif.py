@@ -1,12 +1,14 @@
 """RLAIF on the CPU backend: a small LLM judge (backends/cpu/judge.py) warm-started by `aspc
 train-judge`, scoring a reward stage on its own pool; a policy that learns the task from it (the
 verifier measures, never rewards); and the failure policy of judge calls (aspc/controller/scoring.py)."""
+import threading
 import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from aspc.backends.cpu.call_batching import BatchedCalls
 from aspc.backends.cpu.executors import CpuExecutors, unsupported_stages
 from aspc.backends.cpu.judge import CpuJudge, agreement, load_judge, save_judge
 from aspc.backends.cpu.learner import Rollout
@@ -144,6 +146,47 @@ def flaky(fails, hangs=lambda key: False):
             return FlakyJudge(super().judge(stage, instance), fails, hangs)
 
     return FlakyExecutors
+
+
+def test_concurrent_judge_calls_share_a_pass_and_each_fails_alone():
+    """The CPU judge batches the runtime's per-sample calls (call_batching.py): calls that arrive
+    while a pass is in flight share the next; a pass that fails is run again call by call."""
+    passes, release = [], threading.Event()
+
+    def score(rollouts):
+        passes.append(list(rollouts))
+        release.wait(10)
+        if "bad" in rollouts:
+            raise ValueError("not a verdict")
+
+    calls, outcomes = BatchedCalls(score), {}
+
+    def call(name):
+        try:
+            calls([name])
+            outcomes[name] = "ok"
+        except ValueError as error:
+            outcomes[name] = str(error)
+
+    threads = [threading.Thread(target=call, args=(name,)) for name in ("a", "b", "bad", "c")]
+    threads[0].start()
+    _wait_until(lambda: len(passes) == 1)
+    for thread in threads[1:]:
+        thread.start()
+    _wait_until(lambda: len(calls.waiting) == 3)
+    release.set()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert outcomes == {"a": "ok", "b": "ok", "c": "ok", "bad": "not a verdict"}
+    assert passes[0] == ["a"] and sorted(passes[1]) == ["b", "bad", "c"]
+    assert sorted(passes[2:]) == [["b"], ["bad"], ["c"]]
+
+
+def _wait_until(condition, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert condition()
 
 
 def test_a_judge_that_fails_on_some_samples_masks_them_and_loses_none(tmp_path):

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from aspc.backends.cpu.batching import make_batch
+from aspc.backends.cpu.call_batching import BatchedCalls
 from aspc.backends.cpu.generator import BatchGenerator
 from aspc.backends.cpu.judge import CpuJudge
 from aspc.backends.cpu.learner import Learner, Rollout, TrainSettings
@@ -332,11 +333,13 @@ def _score(model, samples: int, length: int) -> float:
 
 def _judge_unit(judge: CpuJudge, samples: int, length: int) -> float:
     """A judge scoring a unit as the local runtime does (aspc/drivers/local/scoring.py): one call
-    per sample, each on a thread of its own in the controller's process, on a copy of the sample."""
+    per sample, each on a thread of its own in the controller's process, on a copy of the sample;
+    calls that arrive while a pass is in flight share the next (call_batching.py)."""
     rollouts = _rollouts(samples, length)
+    batched = BatchedCalls(judge.scores)
 
     def call(rollout):
-        judge.scores([copy.copy(rollout)])
+        batched([copy.copy(rollout)])
 
     def run():
         threads = [threading.Thread(target=call, args=(r,), daemon=True) for r in rollouts]

@@ -19,7 +19,7 @@ from aspc.backends.cpu.model import TinyQwen
 from aspc.backends.cpu.judge import TRAIN_HINT as JUDGE_HINT
 from aspc.backends.cpu.judge import load_judge
 from aspc.backends.cpu.reward_model import TRAIN_HINT, checkpoint_path, load_reward_model
-from aspc.backends.cpu.scoring import RewardScorer, Shaping, build_terms
+from aspc.backends.cpu.scoring import JudgeScorer, RewardScorer, Shaping, build_terms
 from aspc.backends.cpu.tokenizer import CHARS, encode
 from aspc.backends.cpu.rewards import RULES, RewardError, build_reward, exact_match
 from aspc.algorithms.slots import default_slots
@@ -62,6 +62,7 @@ class CpuExecutors:
         rules = [RULES[s.get("name")] for s in sources if s.func == "rule"]
         self.verifier = (rules[0] if rules else exact_match) if learned else None
         self.scorers: dict[tuple[str, int], RewardScorer] = {}
+        self.judges: dict[tuple[str, int], JudgeScorer] = {}
         self.learner = None
         environments = plan.stages_of("environment")
         self.env_stage = environments[0] if environments else None
@@ -116,9 +117,13 @@ class CpuExecutors:
             self.scorers[key] = RewardScorer(build_terms(sources, models, self.base_dir), shaping)
         return self.scorers[key]
 
-    def judge(self, stage: str, instance: int) -> RewardScorer:
-        """Instance `instance` of reward stage `stage` with judge(...) sources: the same weighted sum."""
-        return self.forward_model(stage, instance)
+    def judge(self, stage: str, instance: int) -> JudgeScorer:
+        """Instance `instance` of reward stage `stage` with judge(...) sources: the same weighted sum,
+        its concurrent calls (one per sample) served in batches (call_batching.py)."""
+        key = (stage, instance)
+        if key not in self.judges:
+            self.judges[key] = JudgeScorer(self.forward_model(stage, instance))
+        return self.judges[key]
 
     def switch_pool(self, pool: str, mode: str) -> None:
         """A time-shared pool changes hands: CPU threads share memory, so nothing moves."""

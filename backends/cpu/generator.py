@@ -98,11 +98,21 @@ class BatchGenerator:
             seq.generator = torch.Generator().manual_seed(seq.seed)
             self.active[seq.slot] = seq
             joining.append(seq)
-        for seq in joining:  # prefill: the prompt's keys into the slot, the first token sampled
-            tokens = torch.tensor([seq.prompt])
-            positions = torch.arange(len(seq.prompt))[None]
-            logits = self.model(tokens, positions, cache_mask(positions), self.cache, torch.tensor([seq.slot]))
-            self._sample(seq, logits[0, -1])
+        if joining:
+            self._prefill(joining)
+
+    def _prefill(self, joining: list[Sequence]) -> None:
+        """The prompts' keys into their slots in one pass, and each first token sampled. Prompts
+        are right-padded: a padding key lies past its prompt, where the sequence's own tokens
+        overwrite it before any of its queries may see it (cache_mask)."""
+        width = max(len(seq.prompt) for seq in joining)
+        tokens = torch.tensor([seq.prompt + [0] * (width - len(seq.prompt)) for seq in joining])
+        positions = torch.arange(width)[None].expand(len(joining), width)
+        slots = torch.tensor([seq.slot for seq in joining])
+        hidden = self.model.hidden_states(tokens, positions, cache_mask(positions), self.cache, slots)
+        last = hidden[torch.arange(len(joining)), torch.tensor([len(seq.prompt) - 1 for seq in joining])]
+        for seq, row in zip(joining, self.model.logits(last)):  # a vocabulary's logits at one position each
+            self._sample(seq, row)
 
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> None:
         logp = torch.log_softmax(logits.float() / (self.temperature or 1.0), -1)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from aspc.backends.cpu.call_batching import BatchedCalls
 from aspc.backends.cpu.judge import CpuJudge
 from aspc.backends.cpu.losses import overlong_penalty
 from aspc.backends.cpu.reward_model import RewardModel
@@ -41,6 +42,15 @@ class RewardScorer:
                 r.reward += overlong_penalty(len(r.response), self.shaping.max_tokens, self.shaping.overlong)
 
     judge = score
+
+
+class JudgeScorer:
+    """A RewardScorer serving the Judge role on the CPU: `judge` batches concurrent calls
+    (call_batching.py); `score` and `terms` are the scorer's own."""
+
+    def __init__(self, scorer: RewardScorer):
+        self.scorer, self.terms, self.score = scorer, scorer.terms, scorer.score
+        self.judge = BatchedCalls(scorer.score)
 
 
 class _ModelTerm:
