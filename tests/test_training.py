@@ -7,44 +7,19 @@ steps raised held-out accuracy by at least +0.043 on an Intel Xeon (sampling tem
 on an AMD EPYC (0.7, the bundled value: at 1.0 seeds 0 and 2 rose by only +0.016 and +0.008
 there) (`python bench/bench_seeds.py`). ASPC_TRAINING_SEEDS=0,1,2,... runs these tests for other
 seeds."""
-import hashlib
 import os
 
 import pytest
-import torch
 
-from aspc.backends.cpu.executors import CpuExecutors
 from aspc.drivers.local.runtime import LocalRuntime, RunOptions
 from aspc.plan.toolchain import compile_with_passes
 from conftest import ROOT
+from warm_starts import SharedWarmStart
 
 
 RL_STEPS = 100
 SEEDS = [int(s) for s in os.environ.get("ASPC_TRAINING_SEEDS", "0,4").split(",")]
 MARGIN = 0.02  # half the smallest rise of the sweep
-
-
-class SharedWarmStart(CpuExecutors):
-    """The CPU backend, with each distinct warm start made once in this test session: it is
-    deterministic (the same weights, data, seed and steps train the same policy), and the runs
-    here differ after it (schedule, workers), so one seed's runs start from one copy."""
-
-    made: dict[tuple, dict] = {}
-
-    def warm_start(self, steps: int, on_step=None) -> None:
-        key = (_digest(self.actor.state_dict()), repr(self.data), steps)
-        if key not in self.made:
-            super().warm_start(steps, on_step)
-            self.made[key] = {k: v.clone() for k, v in self.actor.state_dict().items()}
-        self.actor.load_state_dict(self.made[key])
-
-
-def _digest(state: dict) -> str:
-    sha = hashlib.sha256()
-    for name, tensor in state.items():
-        sha.update(name.encode())
-        sha.update(tensor.detach().to(torch.float32).numpy().tobytes())
-    return sha.hexdigest()
 
 
 def train(pipeline, steps, schedule=None, overrides=(), evaluate=False, seed=0, workers="processes"):
