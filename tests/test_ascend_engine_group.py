@@ -12,7 +12,8 @@ from aspc.backends.ascend import engine_args
 from aspc.backends.ascend.engine_actor import VllmEngine
 from aspc.backends.ascend.engine_group import PLACEHOLDER, EngineGroup, least_loaded_rank
 from test_ascend_colocated import PlacedIpcLLM, Tagged, all_ranks_send, engine_calls, trainer_chips
-from test_ascend_executors import REFRESH, TINY, SamplingParams, fake_colocated_platform, npu_trains_as_cpu
+from test_ascend_executors import (REFRESH, TINY, SamplingParams, fake_colocated_platform, npu_trains_as_cpu,
+                                   tiny_variant)
 
 DP_ENV = ("VLLM_DP_RANK", "VLLM_DP_RANK_LOCAL", "VLLM_DP_SIZE", "VLLM_DP_MASTER_IP", "VLLM_DP_MASTER_PORT",
           "ASCEND_RT_VISIBLE_DEVICES")
@@ -104,10 +105,8 @@ def as_moe(monkeypatch):
 
 def one_dp_instance(tmp_path):
     """tiny_grpo with one generation instance of dp = 2 (NPU 0 and NPU 1), a trainer rank on each."""
-    text = TINY.read_text().replace("instances = 2,", "instances = 1, dp = 2,")
-    path = tmp_path / "tiny_grpo_dp.aspl"
-    path.write_text(text.replace("loss = grpo, lr = 3e-4", "dp = 2, loss = grpo, lr = 3e-4"))
-    return path
+    return tiny_variant(tmp_path, "tiny_grpo_dp", ("instances = 2,", "instances = 1, dp = 2,"),
+                        ("loss = grpo, lr = 3e-4", "dp = 2, loss = grpo, lr = 3e-4"))
 
 
 def test_an_instance_with_dp_2_runs_as_two_engine_ranks_through_the_controller(aspc, tmp_path, monkeypatch):

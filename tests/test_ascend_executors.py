@@ -404,12 +404,21 @@ def fake_platform(monkeypatch):
     return built
 
 
+def tiny_variant(tmp_path, name: str, *edits: tuple[str, str]):
+    """tiny_grpo with each (old, new) text replaced, written to tmp_path/name.aspl."""
+    text = TINY.read_text()
+    for old, new in edits:
+        text = text.replace(old, new)
+    path = tmp_path / f"{name}.aspl"
+    path.write_text(text)
+    return path
+
+
 def separate_pools(tmp_path):
     """tiny_grpo with generation on a pool of its own (colocated engines are refused: npu_ipc)."""
-    text = TINY.read_text().replace("pool cpu = cpu x 2", "pool cpu = cpu x 1\npool rollout = cpu x 2")
-    path = tmp_path / "tiny_grpo_separate.aspl"
-    path.write_text(text.replace("generate(actor, prompts) on cpu", "generate(actor, prompts) on rollout"))
-    return path
+    return tiny_variant(tmp_path, "tiny_grpo_separate",
+                        ("pool cpu = cpu x 2", "pool cpu = cpu x 1\npool rollout = cpu x 2"),
+                        ("generate(actor, prompts) on cpu", "generate(actor, prompts) on rollout"))
 
 
 def cli_metrics(aspc, tmp_path, backend):

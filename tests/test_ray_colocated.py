@@ -16,6 +16,7 @@ ray = pytest.importorskip("ray")
 from aspc.backends.ascend.weight_sync import IpcSender  # noqa: E402
 from conftest import ROOT  # noqa: E402
 from test_ascend_colocated import all_ranks_send  # noqa: E402
+from test_ascend_engine_group import as_moe  # noqa: E402
 from test_ascend_executors import (REFRESH, TINY, ColocatedLeader, IpcFakeLLM, RayFakeAscendExecutors,  # noqa: E402
                                    SamplingParams, steps_of)
 
@@ -251,14 +252,6 @@ def test_r1_zero_671b_places_six_instances_of_32_engine_ranks_with_their_dp_env_
             assert (env["VLLM_DP_MASTER_IP"], env["VLLM_DP_MASTER_PORT"]) == (nodes[8 * instance],
                                                                               envs[0]["VLLM_DP_MASTER_PORT"])
     assert len(ports) == 6  # a rendezvous per instance
-
-
-def as_moe(monkeypatch):
-    """Lower the dense tiny model's data-parallel ranks as a MoE model's group (VLLM_DP_*)."""
-    from aspc.backends.ascend import engine_args
-
-    group_env = engine_args.data_parallel_env
-    monkeypatch.setattr(engine_args, "data_parallel_env", lambda is_moe, *args: group_env(True, *args))
 
 
 @pytest.fixture(scope="module")
