@@ -21,7 +21,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from aspc.algorithms.packing import bucket_for, choose_buckets, first_fit_decreasing
+from aspc.algorithms.packing import bucket_for, choose_buckets, packed_lengths
 from aspc.costmodel.learner import balance, pipeline_fill_drain
 from aspc.costmodel.roofline import (GenerationCost, LearnerCost, broadcast_seconds, gather_to_sender_seconds,
                                      offload_seconds, parameters, reshard_seconds, weight_shard_bytes)
@@ -196,8 +196,7 @@ class Estimator:
 
     def _fill(self, tokens: int, ranks: int, streamed: bool) -> tuple[list[int], float]:
         units = self._split(ranks, streamed)
-        fills = [sum(rank[i] for i in b) for unit in units for rank in unit if rank
-                 for b in first_fit_decreasing(rank, tokens)]
+        fills = [sum(b) for unit in units for rank in unit if rank for b in packed_lengths(rank, tokens)]
         return fills, max(1.0, len(fills) / (len(units) * ranks))
 
     def _split(self, ranks: int, streamed: bool) -> list[list[list[int]]]:

@@ -12,7 +12,8 @@ segment = st.tuples(st.integers(0, 50), st.integers(0, 8), st.sampled_from(["use
 def test_deferred_segments_are_booked_at_once_and_become_spans_in_their_place():
     ledger = Ledger()
     ledger.span("learner", 0.0, 1.0, "useful", "train", 2)
-    ledger.segments("gen[0]", [(0.0, 2.0, "useful"), (2.0, 3.0, "tail"), (4.0, 9.0, "useful")], 5.0, 4)
+    booked = ledger.segments("gen[0]", [(0.0, 2.0, "useful"), (2.0, 3.0, "tail"), (4.0, 9.0, "useful")], 5.0, 4)
+    assert booked == 2 + 1 + 1  # seconds per device, cut at `until`: the instance's busy time
     ledger.span("gen[0]", 3.0, 4.0, "skewness", "idle: a peer still works", 4)
     assert dict(ledger.device_seconds) == {"useful": 2 + 8 + 4, "tail": 4, "skewness": 4}
     assert ledger.all_spans() == [Span("learner", 0.0, 1.0, "useful", "train"),

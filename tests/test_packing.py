@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aspc.algorithms.packing import (bucket_for, choose_buckets, first_fit_decreasing, karmarkar_karp,
-                                 micro_batches, padding_report)
+                                 micro_batches, packed_lengths, padding_report)
 
 
 def test_first_fit_decreasing_known_answer():
@@ -48,6 +48,19 @@ def _first_fit_one_item_at_a_time(lengths, capacity):
 def test_first_fit_decreasing_equals_the_textbook_algorithm(case):
     lengths, capacity = case  # built bin by bin, it must give exactly the same bins, in the same order
     assert first_fit_decreasing(lengths, capacity) == _first_fit_one_item_at_a_time(lengths, capacity)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 60).flatmap(lambda cap: st.tuples(st.lists(st.integers(1, cap), max_size=60), st.just(cap))))
+def test_packed_lengths_are_the_first_fit_bins_lengths(case):
+    lengths, capacity = case  # the simulator's index-free packing: the same bins, members in the same order
+    expected = [[lengths[i] for i in b] for b in _first_fit_one_item_at_a_time(lengths, capacity)]
+    assert packed_lengths(lengths, capacity) == expected
+
+
+def test_packed_lengths_rejects_an_item_over_capacity():
+    with pytest.raises(ValueError, match="exceeds the capacity"):
+        packed_lengths([3, 7], 6)
 
 
 @pytest.mark.parametrize("weights, parts, best_spread", [

@@ -1,11 +1,14 @@
 """The workload language: mixture(...) length distributions (per sample or per prompt), the
 engine options max_num_seqs and gpu_memory_utilization end to end (checker, simulator, CPU
 runtime, Ascend launch), and the warnings of tests/warnings/ (one file per kind, exit 0)."""
+import random
+
+import hypothesis
 import pytest
 
 from aspc.backends.ascend.lowering import lower
 from aspc.backends.sim.pricing import RooflinePricing
-from aspc.costmodel.workload import sample_step
+from aspc.costmodel.workload import sample_step, standard_normals
 from aspc.frontend.compiler import compile_source
 from aspc.frontend.formatter import format_program
 from aspc.frontend.parser import parse
@@ -169,3 +172,14 @@ def test_the_checker_and_the_cost_model_default_to_the_same_memory_share():
     from aspc.ir.memory import USABLE_HBM_FRACTION
 
     assert USABLE_HBM_FRACTION == parameters()["efficiency"]["memory"]
+
+
+@hypothesis.given(seed=hypothesis.strategies.integers(0, 2**32), counts=hypothesis.strategies.lists(
+    hypothesis.strategies.integers(0, 5), max_size=6))
+def test_standard_normals_are_the_random_modules_gauss_draws(seed, counts):
+    """The batched draw is CPython's gauss, number for number, and leaves the generator in the same
+    state (its kept second Box-Muller member included), so every simulated length stays as it was."""
+    batched, single = random.Random(seed), random.Random(seed)
+    for n in counts:
+        assert standard_normals(batched, n) == [single.gauss(0, 1) for _ in range(n)]
+        assert batched.getstate() == single.getstate()

@@ -31,17 +31,19 @@ class Ledger:
         self.spans.append(Span(track, start, end, category, label))
         self.add(category, (end - start) * devices)
 
-    def segments(self, track: str, segments: list[tuple[float, float, str]], until: float, devices: int) -> None:
+    def segments(self, track: str, segments: list[tuple[float, float, str]], until: float, devices: int) -> float:
         """`span` of each (start, end, category) cut at `until`, labelled with its category (a
-        generation instance's hundreds of thousands of decode segments). The device-seconds are
-        booked now; the spans are made only if someone reads them (`all_spans`: a trace, a plot, a
-        report), not for every summary."""
-        booked = self.device_seconds
+        generation instance's hundreds of thousands of decode segments); returns the seconds booked
+        (per device, summed in order). The device-seconds are booked now; the spans are made only
+        if someone reads them (`all_spans`: a trace, a plot, a report), not for every summary."""
+        booked, seconds = self.device_seconds, 0
         for start, end, category in segments:
             end = min(end, until)
             if end > start:
                 booked[category] += (end - start) * devices
+                seconds += end - start
         self.deferred.append((len(self.spans), track, segments, until))
+        return seconds
 
     def all_spans(self) -> list[Span]:
         """Every span in the order booked, the deferred segments' made in their place."""

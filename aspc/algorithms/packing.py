@@ -38,6 +38,23 @@ def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
+def packed_lengths(lengths: list[int], capacity: int) -> list[list[int]]:
+    """first_fit_decreasing's bins as the lengths they hold, longest first: equal lengths are
+    interchangeable, so it needs no indices (a simulated learner packs every step's samples)."""
+    keys = sorted([-length for length in lengths])  # ascending, as bisect wants: the longest first
+    if keys and -keys[0] > capacity:
+        raise ValueError(f"item of length {-keys[0]} exceeds the capacity {capacity}")
+    bins: list[list[int]] = []
+    while keys:
+        room, position, members = capacity, 0, []
+        while (position := bisect.bisect_left(keys, -room, position)) < len(keys):  # the first left <= room
+            length = -keys.pop(position)
+            members.append(length)
+            room -= length
+        bins.append(members)
+    return bins
+
+
 def karmarkar_karp(weights: list[int], parts: int) -> list[list[int]]:
     """Multi-way largest differencing: indices split into `parts` sets of near-equal weight sums.
 

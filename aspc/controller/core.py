@@ -82,8 +82,7 @@ class Controller:
         since the learner's units depend on the samples' order only."""
         samples = self.gen.finish(event.instance, event.finished)
         self._delivered(samples)
-        sample_done = self.learner.sample_done
-        works = [work for sample in samples for work in sample_done(sample)]
+        works = self.learner.samples_done(samples)
         return self._route(works) if works else []
 
     def _on_SampleFinished(self, event: SampleFinished) -> list:
@@ -209,7 +208,7 @@ class Controller:
         staleness, start_version, used = self.staleness, self.gen.start_version, self.used
         for sample in samples:
             staleness[sample[0] - start_version[sample]] += 1
-            used.add(sample)
+        used.update(samples)
 
     def _filter_scored(self) -> list:
         """Each group whose scores are in: the groups now sure to be in the step's batch join its

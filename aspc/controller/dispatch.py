@@ -2,11 +2,10 @@
 sample), and whether an idle instance may steal queued work. Pure functions over queue summaries."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)  # slots: one per instance for every unit routed
-class Load:
+class Load(NamedTuple):  # one per instance for every unit routed: a named tuple, as Request
     """What the controller knows of one instance when it routes work."""
 
     index: int

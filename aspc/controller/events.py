@@ -34,8 +34,7 @@ class SampleFinished(NamedTuple):  # one per sample, as Request
     turns: int = 1  # model turns (agentic episodes: one more than the tool calls it made)
 
 
-@dataclass(frozen=True)
-class SamplesFinished:
+class SamplesFinished(NamedTuple):  # one per decode step that finishes a sample: a named tuple, as Request
     """What one instance finished at one instant (one decode step), in the order it finished them:
     the controller handles them one after another and dispatches once (a driver reports a decode
     step's finishes together; a lone SampleFinished is handled as a batch of one)."""

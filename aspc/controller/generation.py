@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from aspc.controller.dispatch import Load, choose_instance, steals
 from aspc.controller.events import Dispatch, Request, SampleId
+
+_queue_of = attrgetter("queue")  # asked of every instance after every event: no Python frame per instance
 
 
 @dataclass
@@ -36,13 +39,13 @@ class InstanceState:
     def push(self, unit: list, position: int | None = None) -> None:
         self.queue.insert(len(self.queue) if position is None else position, unit)
         self.queued_requests += len(unit)
-        self.queued_work += sum(r[2] for r in unit)
+        self.queued_work += sum([r[2] for r in unit])
 
     def remove(self, index: int) -> list:
         unit = self.queue[index]
         del self.queue[index]
         self.queued_requests -= len(unit)
-        self.queued_work -= sum(r[2] for r in unit)
+        self.queued_work -= sum([r[2] for r in unit])
         return unit
 
 
@@ -147,7 +150,7 @@ class Generation:
             return actions
         if only is not None and len(self.instances[only].inflight) >= self.instances[only].capacity:
             return actions  # full: it neither takes nor steals (the common case after a finish)
-        if not any([inst.queue for inst in self.instances]):  # nothing queued: nothing to start
+        if not any(map(_queue_of, self.instances)):  # nothing queued: nothing to start
             return actions
         for i in range(len(self.instances)) if only is None else (only,):
             inst = self.instances[i]
@@ -175,7 +178,7 @@ class Generation:
             return False
         other = self.instances[-max(candidates)[1]]
         index = max(k for k, unit in enumerate(other.queue) if self.dispatchable(unit, inst))
-        work = sum(r[2] for r in other.queue[index])
+        work = sum([r[2] for r in other.queue[index]])
         if inst.inflight and inst.load + work > other.load * (1 + 1e-9):  # it would raise the larger of the two
             return False
         inst.push(other.remove(index))
@@ -195,12 +198,13 @@ class Generation:
                 queue.popleft()
             inst.queued_requests -= len(taken)
             queued, running, loaded = inst.queued_work, inst.inflight_work, inst.loaded  # locals: per request
+            new = tuple.__new__  # a Request without its Python __new__
             for sample, prompt_len, predicted in taken:
                 queued -= predicted
                 inflight[sample] = predicted
                 running += predicted
                 where[sample] = i
-                requests.append(Request(sample, prompt_len, versions.setdefault(sample, loaded)))
+                requests.append(new(Request, (sample, prompt_len, versions.setdefault(sample, loaded))))
             inst.queued_work, inst.inflight_work = queued, running
         return requests
 
@@ -211,19 +215,14 @@ class Generation:
         inst, where, history, done = self.instances[instance], self.inflight, self.history, []
         inflight, work = inst.inflight, inst.inflight_work
         lengths_sum, turns_sum = self.finished_lengths, self.finished_turns
-        for event in finished:
-            sample, length = event.sample, event.response_len
+        for sample, _, length, turns in finished:
             if where.get(sample) != instance:
                 continue
             del where[sample]
             work -= inflight.pop(sample)
-            lengths = history.get(sample[:2])
-            if lengths is None:
-                history[sample[:2]] = [length]
-            else:
-                lengths.append(length)
+            history.setdefault(sample[:2], []).append(length)
             lengths_sum += length
-            turns_sum += event.turns
+            turns_sum += turns
             done.append(sample)
         inst.inflight_work = work
         self.finished_lengths, self.finished_turns = lengths_sum, turns_sum

@@ -33,10 +33,18 @@ class Learner:
 
     def sample_done(self, sample: SampleId) -> list[Work]:
         """Forward works for the units this sample completes."""
-        step, prompt, _ = sample
-        done = self.group_done[step, prompt] = self.group_done[step, prompt] + 1
-        if done != self.config.group:  # a group's last sample forms units; the rest change nothing
-            return []
+        return self.samples_done((sample,))
+
+    def samples_done(self, samples) -> list[Work]:
+        """sample_done of each, in order (a decode step's finishes: one call, not one per sample)."""
+        group_done, group, works = self.group_done, self.config.group, []
+        for step, prompt, _ in samples:
+            done = group_done[step, prompt] = group_done[step, prompt] + 1
+            if done == group:  # a group's last sample forms units; the rest change nothing
+                works += self._group_complete(step, prompt)
+        return works
+
+    def _group_complete(self, step: int, prompt: int) -> list[Work]:
         if not self.config.filters_groups:  # filtered: it waits for its scores and the filter's word
             self.ready_groups[step].append(prompt)
         return self._score_group(step, prompt) + self._form_units(step)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from aspc.algorithms.packing import bucket_for, first_fit_decreasing
+from aspc.algorithms.packing import bucket_for, packed_lengths
 from aspc.plan.execution_plan import StagePlan
 from aspc.costmodel.roofline import LearnerCost
 
@@ -41,8 +41,7 @@ def micro_batches(lengths: list[int], stage: StagePlan, mean: float) -> list[tup
         groups = [lengths[i:i + per] for i in range(0, len(lengths), per)]
         return [(len(g) * max(g), sum(g), len(g) * max(g) ** 2, sum(x * x for x in g)) for g in groups]
     out = []
-    for b in first_fit_decreasing(lengths, mb.tokens):
-        members = [lengths[i] for i in b]
+    for members in packed_lengths(lengths, mb.tokens):
         fill, squares = sum(members), sum([x * x for x in members])
         padded = bucket_for(fill, mb.buckets) if mb.buckets else fill
         out.append((padded, fill, squares + (padded - fill) ** 2, squares))

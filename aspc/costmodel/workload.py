@@ -20,6 +20,7 @@ from aspc.ir.values import Call
 
 DEFAULT_SIGMA = 0.8
 DEFAULT_GROUP_CORR = 0.5
+TWOPI = 2.0 * math.pi
 
 
 @dataclass(frozen=True)
@@ -57,33 +58,55 @@ def step_lengths(data: DataSpec, step: int, seed: int | None = None,
     rng = random.Random(f"{data.seed if seed is None else seed}/{data.name}/{step}")
     responses = grown(data.response_lengths or default_response_lengths(data), step)
     prompts = data.prompt_lengths or default_prompt_lengths(data)
-    prompt_lens, response_lens, members = [], [], range(data.group)
+    prompt_lens, response_lens = [], []
     for _ in range(prompts_drawn or data.prompts_per_step):
         prompt_lens.append(_draw(prompts, data.max_prompt, rng, rng.gauss(0, 1)))
         shared = rng.gauss(0, 1)
-        draw = _group_drawer(_per_prompt(responses, rng), data.max_response)
-        response_lens += [draw(rng, shared) for _ in members]
+        response_lens += _group_drawer(_per_prompt(responses, rng), data.max_response)(rng, shared, data.group)
     return prompt_lens, response_lens
 
 
 @functools.lru_cache(maxsize=256)
 def _group_drawer(dist: Call, cap: int):
-    """`_draw_correlated` for one distribution with its parameters looked up once (a step draws
-    thousands of responses from one distribution); the same random numbers, the same lengths."""
-    if dist.func == "mixture":
-        return functools.partial(_draw_correlated, dist, cap)
+    """A function (rng, shared, n) -> n lengths: `_draw_correlated` n times, for one distribution
+    with its parameters looked up once (a step draws thousands of responses from one
+    distribution); the same random numbers, the same lengths."""
+    if dist.func != "lognormal":
+        return lambda rng, shared, n: [_draw_correlated(dist, cap, rng, shared) for _ in range(n)]
     p = _params(dist)
     rho = dist.get("group_corr", 0.0) or 0.0
     own, common = math.sqrt(1 - rho), math.sqrt(rho)
-    if dist.func == "lognormal":
-        sigma = p["sigma"]
-        mu = math.log(p["mean"]) - sigma * sigma / 2
+    sigma = p["sigma"]
+    mu = math.log(p["mean"]) - sigma * sigma / 2
+    exp = math.exp
 
-        def lognormal(rng: random.Random, shared: float) -> int:
-            z = common * shared + own * rng.gauss(0, 1)
-            return max(1, min(cap, round(math.exp(mu + sigma * z))))
-        return lognormal
-    return functools.partial(_draw_correlated, dist, cap)
+    def lognormal(rng: random.Random, shared: float, n: int) -> list[int]:
+        common_part = common * shared
+        return [max(1, min(cap, round(exp(mu + sigma * (common_part + own * z))))) for z in standard_normals(rng, n)]
+    return lognormal
+
+
+def standard_normals(rng: random.Random, n: int) -> list[float]:
+    """`rng.gauss(0, 1)` n times, the same numbers and the same state after (CPython's gauss: the
+    Box-Muller pair, its second member kept in `gauss_next` for the next call), without a Python
+    call per number: the simulator draws hundreds of thousands."""
+    out = []
+    z = rng.gauss_next
+    rng.gauss_next = None
+    if z is not None and n:
+        out.append(z)
+    elif z is not None:
+        rng.gauss_next = z
+    random = rng.random
+    while len(out) < n:
+        x2pi = random() * TWOPI
+        g2rad = math.sqrt(-2.0 * math.log(1.0 - random()))
+        out.append(math.cos(x2pi) * g2rad)
+        if len(out) < n:
+            out.append(math.sin(x2pi) * g2rad)
+        else:
+            rng.gauss_next = math.sin(x2pi) * g2rad
+    return out
 
 
 def grown(dist: Call, step: int) -> Call:

@@ -41,6 +41,9 @@ class GenInstance:
         self.tool_held: list[tuple[float, float]] = []  # times some sequence waited on a tool call
         self._held_since: float | None = None
         self._skips_finished = bool(getattr(cost, "skips_finished", False))
+        # (when, generation, count, start) of the last next_event: advancing to that time from
+        # that state reaches the next finish exactly, so the event needs no search for it
+        self._planned: tuple | None = None
 
     @property
     def batch(self) -> int:
@@ -92,13 +95,16 @@ class GenInstance:
             return
         limit = self._counts[0] - self.count  # _first_finish
         b = active + self.ghosts  # batch
-        beta = self.cost.beta(active if self._skips_finished else b)  # _computed
-        k = min(self._steps_within(now - start, beta, b), limit)
-        while k < limit and self._steps_time(k + 1, beta, b) <= (now - start) + 1e-9:  # float rounding
-            k += 1
-        if k <= 0:
-            return
-        end = start + self._steps_time(k, beta, b)
+        if self._planned == (now, self.generation, self.count, start):
+            k, end = limit, now  # the next finish, as next_event timed it from this very state
+        else:
+            beta = self.cost.beta(active if self._skips_finished else b)  # _computed
+            k = min(self._steps_within(now - start, beta, b), limit)
+            while k < limit and self._steps_time(k + 1, beta, b) <= (now - start) + 1e-9:  # float rounding
+                k += 1
+            if k <= 0:
+                return
+            end = start + self._steps_time(k, beta, b)
         self._decode_segment(start, end, k)
         self.count += k
         self.context += k * b
@@ -113,17 +119,21 @@ class GenInstance:
         padding = total * ((active if self._skips_finished else batch) - active) / batch
         useful = min(total - padding, self.roofline_seconds(k, active, self.context * active / batch))
         tail = total - padding - useful
-        cursor = start
-        for category, seconds in (("useful", useful), ("tail", tail), ("padding", padding)):
-            if seconds > 1e-12 * max(total, 1.0):
-                self.segments.append((cursor, cursor + seconds, category))
-                cursor += seconds
+        segments, cursor, negligible = self.segments, start, 1e-12 * max(total, 1.0)  # unrolled: at every event
+        if useful > negligible:
+            segments.append((cursor, cursor + useful, "useful"))
+            cursor += useful
+        if tail > negligible:
+            segments.append((cursor, cursor + tail, "tail"))
+            cursor += tail
+        if padding > negligible:
+            segments.append((cursor, cursor + padding, "padding"))
 
     def roofline_seconds(self, k: int, active: int, context: float) -> float:
         """What k decode steps of `active` sequences holding `context` tokens in all would take at
         the instance's saturated batch: their KV reads, and their share of a saturated step
         (the weight reads or compute of `capacity` sequences, divided among them)."""
-        saturated = self.cost.beta(self.capacity) / self.capacity
+        saturated = self.cost.beta(self.capacity) / self.capacity  # asked each time: a calibrated beta varies
         return k * active * saturated + self.cost.alpha * (k * context + active * k * (k - 1) / 2)
 
     def next_event(self) -> float | None:
@@ -132,7 +142,9 @@ class GenInstance:
         start = max(self.clock, self.busy_until)
         b = self.active + self.ghosts  # steps_time, inlined: asked at every event of the instance
         beta = self.cost.beta(self.active if self._skips_finished else b)
-        return start + self._steps_time(self._counts[0] - self.count, beta, b)
+        when = start + self._steps_time(self._counts[0] - self.count, beta, b)
+        self._planned = (when, self.generation, self.count, start)
+        return when
 
     def pop_finished(self, now: float) -> list[tuple]:
         """Samples whose last turn ended; turns that end in a tool call go to `calls`."""
@@ -251,6 +263,25 @@ class GenInstance:
         self.context += context
         self.generation += 1
 
+    def _push_all(self, requests: list, response_len) -> None:
+        """`_push` of each request's one turn (thousands at a batch's start), its reads inlined."""
+        ending, counts, lengths, count, context = self._ending, self._counts, self._lengths, self.count, 0
+        for request in requests:
+            sample, prompt_len = request.sample, request.prompt_len
+            turn = response_len(sample)
+            finish = count + turn
+            members = ending.get(finish)
+            if members is None:
+                ending[finish] = [sample]
+                heapq.heappush(counts, finish)
+            else:
+                members.append(sample)
+            lengths[sample] = prompt_len + turn
+            context += prompt_len
+        self.active += len(requests)
+        self.context += context  # whole token counts: the same sum in any order
+        self.generation += 1
+
     def _finish_step_in_progress(self, now: float) -> None:
         """A decode step under way when new work arrives completes first (an engine admits new
         requests and loads weights between steps, never inside one)."""
@@ -278,10 +309,8 @@ class GenInstance:
         prompt_tokens = sum(r.prompt_len for r in requests)
         self.busy_until = start + self.cost.prefill(prompt_tokens, len(requests))
         self.segments.append((start, self.busy_until, "useful"))
-        if episode is None:  # one turn each
-            for r in requests:
-                self._push(r.sample, r.prompt_len, response_len(r.sample))
-            self.generation += 1
+        if episode is None:  # one turn each: _push's work, read once for the whole batch
+            self._push_all(requests, response_len)
             return
         for r in requests:
             turns, observations = episode(r.sample)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from aspc.algorithms.packing import first_fit_decreasing
+from aspc.algorithms.packing import packed_lengths
 from aspc.algorithms.slots import default_slots
 from aspc.backends.sim.instance import GenInstance
 from aspc.controller.events import Work
@@ -212,7 +212,7 @@ class RooflinePricing:
         if stage.kind == "reward":
             return _padded_cost(cost.forward, [token_lengths])
         budget = max(dict(self.train_stage.options).get("micro_tokens") or 0, max(token_lengths))
-        batches = [[token_lengths[i] for i in b] for b in first_fit_decreasing(token_lengths, budget)]
+        batches = packed_lengths(token_lengths, budget)
         return _padded_cost(cost.train if work.kind == "train" else cost.forward, batches)
 
     def _calibrated_cost(self, stage: StagePlan):

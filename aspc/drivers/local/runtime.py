@@ -320,7 +320,7 @@ class LocalRuntime:
     def _loop(self) -> None:
         while not self.controller.finished:
             event = self.internal.popleft() if self.internal else self.events.get()
-            if isinstance(event, tuple) and event[0] == "error":
+            if type(event) is tuple and event[0] == "error":  # a worker's error; events may be named tuples
                 _, name, error, _trace = event
                 raise WorkerFailed(f"{name}: {type(error).__name__}: {error}")
             if isinstance(event, WeightsPublished):  # the row is on disk before any checkpoint of it

@@ -13,6 +13,7 @@ import heapq
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Protocol, assert_never
 
 from aspc.accounting.ledger import Ledger, Span
@@ -166,12 +167,10 @@ class Simulation:
         """`tokens` of each sample (a learner work reads thousands)."""
         if self.env is not None:
             return [self.tokens(s) for s in samples]
-        group, out, step_of = self.data.group, [], {}
-        for step, prompt, index in samples:
-            if step not in step_of:
-                step_of[step] = self._step(step)
-            prompts, responses = step_of[step]
-            out.append(prompts[prompt] + responses[prompt * group + index])
+        group, out = self.data.group, []
+        for step, run in itertools.groupby(samples, key=itemgetter(0)):  # a unit's samples share a step
+            prompts, responses = self._step(step)
+            out += [prompts[prompt] + responses[prompt * group + index] for _, prompt, index in run]
         return out
 
     def episode(self, sample) -> EpisodePlan:
@@ -194,7 +193,8 @@ class Simulation:
             time, _, kind, payload = heapq.heappop(self.heap)
             self.now = max(self.now, time)
             getattr(self, "_at_" + kind)(*payload)
-            self.drain()
+            if self.pending or self.cores is not None:  # what fed the controller drained already
+                self.drain()
         if not self.done:
             raise SimulationStalled(f"the simulation stalled at {self.now:.1f} s after "
                                     f"{self.controller.version} of {self.steps} steps")
@@ -293,6 +293,8 @@ class Simulation:
     def _at_executor(self, ex: ExecutorState, then) -> None:
         ex.running = False
         self.feed(then)
+        if self.progress is not None:  # the policy version moves only when the trainer's publish ends
+            self.progress(self.controller.version)
 
     # ---- generation ----
     def _schedule_instance(self, inst) -> None:
@@ -307,20 +309,20 @@ class Simulation:
         finished = inst.pop_finished(self.now)
         if finished:
             self._finish(index, finished)
-        for sample in inst.pop_calls():
-            self._call_tool(index, sample)
+        if inst.calls:
+            for sample in inst.pop_calls():
+                self._call_tool(index, sample)
         if inst.static and not inst.live:
             self.feed(InstanceIdle(index, inst.capacity))
         self._schedule_instance(inst)
-        if self.progress is not None:
-            self.progress(self.controller.version)
 
     def _finish(self, index: int, samples) -> None:
         """The samples the instance finished at this instant, reported together (as the local
         driver's generation worker reports one decode step's)."""
-        if self.env is None:
-            length, event = self.response_len, tuple.__new__  # SampleFinished's fields without its Python __new__
-            self.feed(SamplesFinished(index, tuple([event(SampleFinished, (s, index, length(s), 1)) for s in samples])))
+        if self.env is None:  # response_len and SampleFinished's fields inlined (without its Python __new__);
+            drawn, group, new = self._lengths, self.data.group, tuple.__new__  # its step was drawn at its admission
+            finished = tuple([new(SampleFinished, (s, index, drawn[s[0]][1][s[1] * group + s[2]], 1)) for s in samples])
+            self.feed(new(SamplesFinished, (index, finished)))
             return
         self.feed(SamplesFinished(index, tuple(SampleFinished(s, index, self._truth(s), len(self.episode(s).turns))
                                                for s in samples)))

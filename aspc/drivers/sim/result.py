@@ -77,9 +77,9 @@ def collect(sim: Simulation) -> SimResult:
     wall = sim.now
     devices = sum(p.count for p in sim.plan.pools)
     _account_switches(sim)
-    _account_instances(sim, wall)
+    decoded = _account_instances(sim, wall)
     _account_learners(sim, wall)
-    pools = _pool_busy(sim, wall)
+    pools = _pool_busy(sim, wall, decoded)
     bubbles = sim.ledger.close(devices * wall)
     trained = [(step, p) for step in range(sim.steps) for p in sim.controller.trained_prompts(step)]
     count = len(trained) * sim.data.group
@@ -107,14 +107,14 @@ def _dynamic_sampling(sim: Simulation, used: int) -> tuple[float, float, int]:
             1 - used / generated if generated else 0.0, sum(len(s.padded) for s in steps))
 
 
-def _pool_busy(sim: Simulation, wall: float) -> dict[str, tuple[int, float]]:
+def _pool_busy(sim: Simulation, wall: float, segment_seconds: dict[int, float]) -> dict[str, tuple[int, float]]:
     """Busy device-seconds per pool, in the plan's pool order: generation instances' segments
-    (prefill, decode, padding, weight loads), learner-side executors' items (reward model, judge,
-    reference, critic, train, optimizer, publish) and a time-shared pool's switches."""
+    (prefill, decode, padding, weight loads: `segment_seconds`, each instance's as booked),
+    learner-side executors' items (reward model, judge, reference, critic, train, optimizer,
+    publish) and a time-shared pool's switches."""
     busy = {p.name: 0.0 for p in sim.plan.pools}
     for inst in sim.instances:
-        busy[sim.gen_stage.pool] += sum(min(b, wall) - a for a, b, _ in inst.segments if b > a and a < wall) \
-            * inst.devices
+        busy[sim.gen_stage.pool] += segment_seconds[inst.index] * inst.devices
     for ex in sim.executors:
         busy[ex.spec.pool] += sum(min(b, wall) - a for a, b in ex.busy if a < wall) * ex.devices
     for start, end, pool in sim.switch_spans:
@@ -144,15 +144,18 @@ def _account_switches(sim: Simulation) -> None:
         sim.ledger.span(f"{pool} switch", start, min(end, sim.now), "sync", "offload/onload", devices)
 
 
-def _account_instances(sim: Simulation, wall: float) -> None:
+def _account_instances(sim: Simulation, wall: float) -> dict[int, float]:
+    """Book each generation instance's segments and idle gaps; returns the seconds of its segments
+    (before `wall`) by instance."""
     pool = sim.gen_stage.pool
     owned = _mode_intervals(sim, pool, ("gen",))
     busy = {i.index: _busy(i.segments, wall) for i in sim.instances}
     # Inside an instance's idle gaps, all instances' busy time is its peers' busy time: one union
     anyone = merge([iv for ivs in busy.values() for iv in ivs])
+    seconds = {}
     for inst in sim.instances:
         track = f"{sim.gen_stage.name}[{inst.index}]"
-        sim.ledger.segments(track, inst.segments, wall, inst.devices)
+        seconds[inst.index] = sim.ledger.segments(track, inst.segments, wall, inst.devices)
         peers = anyone
         held = merge([(a, min(b, wall)) for a, b in inst.held_intervals(wall)])
         lent = merge([(a, min(b, wall)) for a, b in sim.lent_spans.get(inst.index, [])])  # the trainer books them
@@ -163,6 +166,7 @@ def _account_instances(sim: Simulation, wall: float) -> None:
                     sim.ledger.span(track, a, b, "tool_wait", "idle: every episode waits on a tool", inst.devices)
                 for part in rest:
                     _account_idle(sim, track, part, peers, inst.devices)
+    return seconds
 
 
 def _busy(segments: list[tuple[float, float, str]], wall: float) -> list[tuple[float, float]]:
