@@ -72,15 +72,12 @@ def karmarkar_karp(weights: list[int], parts: int) -> list[list[int]]:
     while len(heap) > 1:
         _, _, a = heapq.heappop(heap)
         _, _, b = heapq.heappop(heap)
-        merged = sorted([(sa + sb, _join(ma, mb)) for (sa, ma), (sb, mb) in zip(a, reversed(b))],
+        merged = sorted([(sa + sb, mb if ma == () else ma if mb == () else (ma, mb))  # joined trees, no call each
+                         for (sa, ma), (sb, mb) in zip(a, reversed(b))],
                         key=itemgetter(0), reverse=True)  # stable: equal sums keep their order
         heapq.heappush(heap, (merged[-1][0] - merged[0][0], counter, merged))
         counter += 1
     return [sorted(_members(tree)) for _, tree in heap[0][2]]
-
-
-def _join(a, b):
-    return b if a == () else a if b == () else (a, b)
 
 
 def _members(tree) -> list[int]:
@@ -151,9 +148,7 @@ def micro_batches(lengths: list[int], tokens: int, ranks: int) -> list[list[list
     then first-fit-decreasing into token-budget micro-batches within each rank."""
     result = []
     for rank in karmarkar_karp(lengths, ranks):
-        rank_lengths = [lengths[i] for i in rank]
-        bins = first_fit_decreasing(rank_lengths, tokens)
-        result.append([[rank_lengths[j] for j in b] for b in bins])
+        result.append(packed_lengths([lengths[i] for i in rank], tokens))
     return result
 
 

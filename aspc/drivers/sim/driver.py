@@ -210,10 +210,11 @@ class Simulation:
             self.drain()
 
     def drain(self) -> None:
-        self.draining = True
-        while self.pending:
-            self.act(self.pending.popleft())
-        self.draining = False
+        if self.pending:  # most events (a decode step's finishes) cause no action
+            self.draining = True
+            while self.pending:
+                self.act(self.pending.popleft())
+            self.draining = False
         if self.cores is not None:
             self.cores.settle(self)
         held = self.controller.held_samples()
