@@ -129,7 +129,7 @@ class Simulation:
     def response_len(self, sample) -> int:
         """The response length drawn for the sample (an episode's first turn is drawn from it)."""
         step, prompt, index = sample
-        lengths = self._lengths.get(step) or self._step(step)  # inline: asked twice per sample
+        lengths = self._lengths.get(step) or self._step(step)  # inline: asked for every sample admitted
         return lengths[1][prompt * self.data.group + index]
 
     def rewards(self, work: Work) -> tuple[float, ...] | None:
