@@ -5,42 +5,32 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections import defaultdict, deque
 from dataclasses import dataclass
 from operator import itemgetter
 
 
 def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     """Bin packing: indices of `lengths` grouped into bins of total <= capacity, longest first,
-    each into the first bin with room (ties by index).
+    each into the first bin with room (ties by index): `packed_lengths`' bins, each length given
+    back its index. Equal lengths are scanned in index order and the bins are built one after
+    another, so among equal lengths each bin takes the lowest indices the bins before it left."""
+    indices: dict[int, deque[int]] = defaultdict(deque)
+    for index, length in enumerate(lengths):
+        indices[length].append(index)
+    return [[indices[length].popleft() for length in lengths_of_bin]
+            for lengths_of_bin in packed_lengths(lengths, capacity)]
+
+
+def packed_lengths(lengths: list[int], capacity: int) -> list[list[int]]:
+    """First fit decreasing on lengths alone: bins of total <= capacity, each the lengths it holds
+    in the order it took them (the simulated learner packs every step's samples: no indices).
 
     Built bin by bin, which gives the same bins: under first fit, bin k takes an item exactly when
     the item fits beside what bin k took of the items before it, so bin k is a greedy scan of the
     items bins 1..k-1 left, longest first. In that scan the next item that fits is the first one
     at most the room left (lengths only fall), found by bisection: O(log n) per item in C, where a
-    search tree over the bins costs a Python loop per level (the simulator packs every learner
-    work of every step with it)."""
-    order = sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)  # stable: ties by index
-    if order and lengths[order[0]] > capacity:
-        raise ValueError(f"item of length {lengths[order[0]]} exceeds the capacity {capacity}")
-    keys = [-lengths[i] for i in order]  # ascending, as bisect wants
-    bins: list[list[int]] = []
-    while order:
-        room, position, members = capacity, 0, []
-        while position < len(order):
-            position = bisect.bisect_left(keys, -room, position)  # the first item left <= room
-            if position == len(order):
-                break
-            keys.pop(position)
-            item = order.pop(position)
-            members.append(item)
-            room -= lengths[item]
-        bins.append(members)
-    return bins
-
-
-def packed_lengths(lengths: list[int], capacity: int) -> list[list[int]]:
-    """first_fit_decreasing's bins as the lengths they hold, longest first: equal lengths are
-    interchangeable, so it needs no indices (a simulated learner packs every step's samples)."""
+    search tree over the bins costs a Python loop per level."""
     keys = sorted([-length for length in lengths])  # ascending, as bisect wants: the longest first
     if keys and -keys[0] > capacity:
         raise ValueError(f"item of length {-keys[0]} exceeds the capacity {capacity}")

@@ -251,24 +251,13 @@ class GenInstance:
         return self.tool_held + ([(self._held_since, until)] if self._held_since is not None else [])
 
     def _push(self, sample: tuple, context: int, turn: int) -> None:
-        finish = self.count + turn
-        ending = self._ending.get(finish)
-        if ending is None:
-            self._ending[finish] = [sample]
-            heapq.heappush(self._counts, finish)
-        else:
-            ending.append(sample)
-        self.active += 1
-        self._lengths[sample] = context + turn
-        self.context += context
-        self.generation += 1
+        self._push_all([(sample, context, turn)])
 
-    def _push_all(self, requests: list, response_len) -> None:
-        """`_push` of each request's one turn (thousands at a batch's start), its reads inlined."""
-        ending, counts, lengths, count, context = self._ending, self._counts, self._lengths, self.count, 0
-        for request in requests:
-            sample, prompt_len = request.sample, request.prompt_len
-            turn = response_len(sample)
+    def _push_all(self, entries: list[tuple[tuple, int, int]]) -> None:
+        """(sample, its context, the tokens of its turn) join the decoding batch (thousands at a
+        batch's start: the instance's fields read once)."""
+        ending, counts, lengths, count, added = self._ending, self._counts, self._lengths, self.count, 0
+        for sample, context, turn in entries:
             finish = count + turn
             members = ending.get(finish)
             if members is None:
@@ -276,10 +265,10 @@ class GenInstance:
                 heapq.heappush(counts, finish)
             else:
                 members.append(sample)
-            lengths[sample] = prompt_len + turn
-            context += prompt_len
-        self.active += len(requests)
-        self.context += context  # whole token counts: the same sum in any order
+            lengths[sample] = context + turn
+            added += context
+        self.active += len(entries)
+        self.context += added  # whole token counts: the same sum in any order
         self.generation += 1
 
     def _finish_step_in_progress(self, now: float) -> None:
@@ -310,7 +299,7 @@ class GenInstance:
         self.busy_until = start + self.cost.prefill(prompt_tokens, len(requests))
         self.segments.append((start, self.busy_until, "useful"))
         if episode is None:  # one turn each: _push's work, read once for the whole batch
-            self._push_all(requests, response_len)
+            self._push_all([(r.sample, r.prompt_len, response_len(r.sample)) for r in requests])
             return
         for r in requests:
             turns, observations = episode(r.sample)
