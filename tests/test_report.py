@@ -1,7 +1,10 @@
 """`aspc report`: the page's sections, the passes' decisions at their lines, summarised timelines,
-a measured run, the errors a user can make, a page that loads nothing, and the PNG plot."""
+a schedule graph whose view box holds all it draws, a measured run beside its own schedule's
+prediction, speed-ups that agree with `aspc simulate`, the errors a user can make, a page that
+loads nothing, and the PNG plot."""
 import json
 import re
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 
@@ -12,6 +15,7 @@ from aspc.accounting.trace import Span
 from aspc.cli.report import _changes
 from aspc.plan.toolchain import compile_with_passes
 from aspc.report.decisions import decisions
+from aspc.report.graph_svg import graph_svg
 from aspc.report.timeline import BINS, EXACT_LIMIT, SHOWN, TICKS, timeline_data
 from conftest import ROOT
 
@@ -131,6 +135,58 @@ def test_many_spans_are_summarised_per_bin_and_stay_small():
     assert len(json.dumps(data)) < 200_000
 
 
+def test_a_short_schedule_is_summarised_at_its_own_length():
+    """Fitted to the width, a schedule a tenth as long as the longest keeps BINS bins, not BINS/10."""
+    n = EXACT_LIMIT + 5000
+    short = [Span("gen[0]", i, i + 0.4, "useful", "x") for i in range(n)]
+    data = timeline_data([FakeResult("sync-naive", 10.0 * n, [Span("gen[0]", 0, 10.0 * n, "useful", "x")]),
+                          FakeResult("asp", float(n), short)])
+    gen = data["schedules"][1]["rows"][0]["spans"]
+    assert BINS - 2 <= sum(1 for s in gen if s[3] < 0) <= BINS + 1
+
+
+def _tspan_lines(node: ET.Element) -> list[tuple[float, float, str, bool]]:
+    """(x, baseline, text, bold) of each line of a stage's text: each tspan moves down by its dy."""
+    text = node.find(f"{{{SVG_NAMESPACE}}}text")
+    y, out = float(text.get("y")), []
+    for line in text:
+        y += float(line.get("dy"))
+        out.append((float(line.get("x")), y, line.text or "", line.get("class") == "name"))
+    return out
+
+
+def _drawn_boxes(svg: ET.Element):
+    """Every node's rectangle and text lines, measured at 0.62 em a character (0.68 em bold)."""
+    for node in svg.iter(f"{{{SVG_NAMESPACE}}}g"):
+        if node.get("class") != "node":
+            continue
+        rect = node.find(f"{{{SVG_NAMESPACE}}}rect")
+        x, y, w, h = (float(rect.get(k)) for k in ("x", "y", "width", "height"))
+        yield node.get("data-stage"), (x, y, x + w, y + h)
+        for left, baseline, text, bold in _tspan_lines(node):
+            right = left + len(text) * 11 * (0.68 if bold else 0.62)
+            yield node.get("data-stage"), (left, baseline - 11, right, baseline)
+
+
+def test_the_graph_view_box_holds_every_node_and_its_text(tmp_path):
+    """The right-most stage, with a long name, is inside the picture, as is everything else."""
+    source = (ROOT / PIPELINE).read_text(encoding="utf-8")
+    source = source.replace("stage update", "stage update_the_actor_policy_weights")
+    file = tmp_path / "long_name.aspl"
+    file.write_text(source, encoding="utf-8")
+    compiled = compile_with_passes(str(file), [], "asp", None, None, False)
+    svg = ET.fromstring(graph_svg(compiled.graph, "asp"))
+    left, top, width, height = map(float, svg.get("viewBox").split())
+    assert (float(svg.get("width")), float(svg.get("height"))) == (width, height)
+    boxes = list(_drawn_boxes(svg))
+    assert "update_the_actor_policy_weights" in {stage for stage, _ in boxes}
+    for stage, (x0, y0, x1, y1) in boxes:
+        assert left <= x0 and x1 <= left + width and top <= y0 and y1 <= top + height, (stage, x1, left + width)
+    bands = [b.find(f"{{{SVG_NAMESPACE}}}rect") for b in svg.iter(f"{{{SVG_NAMESPACE}}}g") if b.get("class") == "pool"]
+    right = max(x1 for _, (_, _, x1, _) in boxes)
+    assert all(float(r.get("x")) + float(r.get("width")) >= right for r in bands)  # a band holds every column
+
+
 class _Loads(HTMLParser):
     """Every attribute of the page that could make a browser load something."""
 
@@ -157,19 +213,82 @@ def test_the_page_loads_nothing_from_the_network(page):
     assert "default-src 'none'" in page  # and the browser is told to refuse any load
 
 
-def test_measured_run_beside_the_prediction(aspc, tmp_path):
-    metrics = tmp_path / "metrics.jsonl"
+def _metrics(folder, extra: dict | None = None):
+    """A metrics.jsonl as `aspc run` writes it (and a torn last line), in runs/FOLDER/."""
     rows = [{"step": s, "reward": 0.1 * s, "staleness_mean": 0.5, "tokens_per_s": 100.0 + s, "samples": 64,
-             "wall_s": 2.0 * s, "bubbles": {"useful": 0.5, "sorting": 0.5}} for s in range(1, 4)]
-    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "rew', encoding="utf-8")
+             "wall_s": 2.0 * s, "bubbles": {"useful": 0.5, "sorting": 0.5}, **(extra or {})} for s in range(1, 4)]
+    folder.mkdir(parents=True)
+    path = folder / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "rew', encoding="utf-8")
+    return path
+
+
+def _run_section(aspc, tmp_path, metrics, *more) -> str:
     out = tmp_path / "r.html"
-    result = aspc("report", PIPELINE, "-o", str(out), "--steps", "1", "--run", str(metrics))
+    result = aspc("report", PIPELINE, "-o", str(out), "--steps", "1", "--run", str(metrics), *more)
     assert result.exit_code == 0, result.output
     html = out.read_text(encoding="utf-8")
-    section = html[html.index('<section id="run">'):]
+    return html[html.index('<section id="run">'):]
+
+
+def _predicted(section: str) -> list[str]:
+    return re.findall(r"<td>predicted: ([\w-]+)</td>", section)
+
+
+def test_measured_run_beside_the_prediction_of_its_schedule(aspc, tmp_path):
+    """runs/PIPELINE-SCHEDULE/ (the folder `aspc run` writes) says which schedule the run used."""
+    section = _run_section(aspc, tmp_path, _metrics(tmp_path / "runs" / "tiny_grpo_split-sync-naive"))
+    assert _predicted(section) == ["sync-naive"]
     assert "<td>measured run</td><td>2.000</td><td>32.00</td><td>0.50</td>" in section  # torn last row skipped
-    assert all(title in section for title in ("reward", "staleness (mean version lag)", "tokens/s",
-                                              "bubble shares"))
+    assert "<td>measured / predicted</td>" in section
+    assert "schedule <b>sync-naive</b> (from its folder&#x27;s name tiny_grpo_split-sync-naive)" in section
+
+
+def test_the_run_schedule_from_its_rows_or_the_option_or_every_one(aspc, tmp_path):
+    rows_say = _metrics(tmp_path / "a" / "elsewhere", {"schedule": "sync"})
+    assert _predicted(_run_section(aspc, tmp_path, rows_say)) == ["sync"]
+    unknown = _metrics(tmp_path / "b" / "elsewhere")
+    assert _predicted(_run_section(aspc, tmp_path, unknown, "--run-schedule", "asp")) == ["asp"]
+    section = _run_section(aspc, tmp_path, unknown)
+    assert _predicted(section) == ["sync-naive", "sync", "asp"] and "--run-schedule" in section
+    assert "<td>measured / predicted</td>" not in section
+
+
+def _charts(section: str) -> list[ET.Element]:
+    return [ET.fromstring(svg) for svg in re.findall(r'<figure class="chart">.*?(<svg.*?</svg>)', section, re.S)]
+
+
+def test_measured_charts_have_axes_a_person_can_read(aspc, tmp_path):
+    section = _run_section(aspc, tmp_path, _metrics(tmp_path / "runs" / "tiny_grpo_split-asp"))
+    charts = _charts(section)
+    assert len(charts) == 4  # reward, staleness, tokens/s, bubble shares (no response_len in these rows)
+    for svg in charts:
+        assert float(svg.get("width")) >= 400 and float(svg.get("height")) >= 200
+        texts = {t.get("class"): [] for t in svg.iter(f"{{{SVG_NAMESPACE}}}text")}
+        for t in svg.iter(f"{{{SVG_NAMESPACE}}}text"):
+            texts[t.get("class")].append(t.text)
+        assert texts["axis-title x"] == ["step"] and texts["axis-title y"][0]
+        assert texts["tick x"] == ["1", "2", "3"] and len(texts["tick y"]) >= 3
+    assert '<span class="swatch" style="background:#2e7d32"></span>useful' in section  # the bubbles' key
+
+
+def test_report_and_simulate_print_the_same_speed_ups(aspc, tmp_path):
+    """Both simulate as many steps by default, and the report says how many."""
+    from aspc.cli.main import main
+
+    def default_steps(command):
+        return next(p.default for p in main.commands[command].params if p.name == "steps")
+
+    assert default_steps("report") == default_steps("simulate")
+    report = aspc("report", PIPELINE, "-o", str(tmp_path / "r.html"), "--steps", "3")
+    simulate = aspc("simulate", PIPELINE, "--compare", "--steps", "3")
+    lines = simulate.output.splitlines()
+    head = next(line for line in lines if line.startswith("| schedule |")).split(" | ")
+    asp = dict(zip(head, next(line for line in lines if line.startswith("| asp |")).split(" | ")))
+    assert (f"asp: {asp['vs sync-naive']} vs sync-naive, {asp['vs sync']} vs sync (e2e_tps over 3 simulated steps)"
+            in report.output)
+    page = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "Over 3 simulated steps per schedule: <code>aspc simulate FILE --compare --steps 3</code>" in page
 
 
 def test_user_errors_are_one_clear_line(aspc, tmp_path):

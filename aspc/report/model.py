@@ -66,8 +66,10 @@ class CompiledSchedule:
 class ReportInput:
     file: str
     source: str
-    schedules: list[CompiledSchedule]  # sync-naive, sync, asp: drawn on one time axis
+    schedules: list[CompiledSchedule]  # sync-naive, sync, asp: a timeline each
     baselines: list[Result] = field(default_factory=list)  # sync@colocated: in the tables only
     baseline_note: str = ""  # why sync@colocated is missing, if it is
     run_file: str = ""
     run_rows: list[dict] = field(default_factory=list)  # a measured run's metrics.jsonl rows
+    run_schedule: str = ""  # the schedule the run used ("" if nothing says)
+    run_schedule_from: str = ""  # what says so: "its metrics rows", "its folder name ...", "--run-schedule"

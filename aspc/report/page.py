@@ -35,6 +35,7 @@ def build_page(report: ReportInput) -> str:
         "bubbles": bubble_breakdown(table_results),
         "throughput": throughput_table(table_results),
         "baseline_note": escape(report.baseline_note),
+        "steps_note": _steps_note(report),
         "picker": _picker(names),
         "source": source_html(report.source, {s.result.schedule: decisions(report.file, s.passes)
                                               for s in report.schedules}),
@@ -57,11 +58,20 @@ def _meta(report: ReportInput) -> str:
             f"per schedule (aspc report, the simulator's prediction)")
 
 
+def _steps_note(report: ReportInput) -> str:
+    """HTML: why `aspc simulate` prints the same speed-ups, or others."""
+    steps = int(report.schedules[-1].result.steps)
+    return (f"Over {steps} simulated steps per schedule: <code>aspc simulate FILE --compare --steps {steps}</code> "
+            "prints the same speed-ups (a schedule's first steps fill its pipeline, so other step counts give "
+            "other figures).")
+
+
 def _summary_note(timelines: dict) -> str:
     summarised = [s["name"] for s in timelines["schedules"] if s["summarised"]]
     if not summarised:
         return "Every span is drawn as simulated."
-    return (f"{', '.join(summarised)}: more than {EXACT_LIMIT} spans, so spans shorter than 1/{BINS} of the axis "
+    return (f"{', '.join(summarised)}: more than {EXACT_LIMIT} spans, so spans shorter than 1/{BINS} of their "
+            "schedule's length "
             "are summarised per bin (stacked by each category's share; hover for the shares); weight syncs "
             "and longer spans are exact.")
 
@@ -84,7 +94,7 @@ def _picker(names: list[str]) -> str:
 def _run_section(report: ReportInput, results) -> str:
     if not report.run_file:
         return ""
-    body = measured_section(report.run_file, report.run_rows, results)
+    body = measured_section(report, results)
     return f'<section id="run"><h2>Measured run beside the prediction</h2>{body}</section>'
 
 

@@ -1,9 +1,11 @@
-"""The timelines' data: the schedules on one time axis, a row per instance or learner.
+"""The timelines' data: every schedule's spans, a row per instance or learner.
 
-Times are integer ticks of the shared axis (TICKS for the longest schedule), so a span costs a
-few digits in the page. A schedule with more than EXACT_LIMIT spans is summarised: per row, spans
-shorter than a bin (1/BINS of the axis) are gathered into their bin, which keeps its time extent,
-its most common category and each category's share; longer spans and weight syncs stay exact.
+Times are integer ticks of one clock (TICKS for the longest schedule), so a span costs a few digits
+in the page; the page draws each schedule fitted to its own length or all on one axis. A schedule
+with more than EXACT_LIMIT spans is summarised: per row, spans shorter than a bin (1/BINS of that
+schedule's length, so a short schedule fitted to the width is as detailed as a long one) are
+gathered into their bin, which keeps its time extent, its most common category and each category's
+share; longer spans and weight syncs stay exact.
 """
 from __future__ import annotations
 
@@ -34,10 +36,11 @@ def _schedule(result: Result, tick: float, labels: dict[str, int]) -> dict:
     spans = coalesce(result.spans)
     summarise = len(spans) > EXACT_LIMIT
     rows = []
+    width = max(1, round(result.wall_s / tick / BINS))  # a bin of this schedule's own length
     for name, members in _rows(spans):
         encoded = [_encode(s, tick, labels) for s in members]
         if summarise:
-            encoded = _summarised(encoded)
+            encoded = _summarised(encoded, width)
         rows.append({"name": name, "spans": encoded})
     return {"name": result.schedule, "wall_s": result.wall_s, "spans": len(spans), "summarised": summarise,
             "tool_calls": result.tool_calls, "rows": rows}
@@ -64,11 +67,10 @@ def _encode(span: Span, tick: float, labels: dict[str, int]) -> list[int]:
     return [start, max(start + 1, round(span.end / tick)), SHOWN.index(span.category), index]
 
 
-def _summarised(spans: list[list[int]]) -> list[list]:
+def _summarised(spans: list[list[int]], width: int) -> list[list]:
     """Short spans gathered into their bin: [start, end, dominant category, -count, [[category,
     permille], ...]]; long spans and ALWAYS_EXACT categories as they are. Summaries come first
     (the page draws exact spans over them)."""
-    width = TICKS // BINS
     exact, bins = [], defaultdict(list)
     for s in spans:
         if s[1] - s[0] >= width or SHOWN[s[2]] in ALWAYS_EXACT:
