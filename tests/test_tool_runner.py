@@ -5,10 +5,13 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -190,11 +193,13 @@ def test_no_network_when_isolated(runner):
     assert runner.run("python", program).observation.startswith("failed")
 
 
-def test_a_python_tool_runs_unprivileged_when_the_runner_is_root(runner, tmp_path):
+def test_a_python_tool_runs_unprivileged_when_the_runner_is_root(runner):
     if not runner.isolation["user"]:
         pytest.skip("the runner is not root: tools keep its user id")
-    result = runner.run("calc", f"open('{tmp_path}/owned', 'w')")
-    assert result.status == "error" and "PermissionError" in result.observation
+    assert runner.run("calc", "__import__('os').getuid()").observation == "65534"
+    result = runner.run("calc", "open('/etc/aspc-owned', 'w')")  # root's folder: not nobody's to write
+    assert result.status == "error" and ("PermissionError" in result.observation
+                                         or "Read-only file system" in result.observation)
 
 
 def _processes_of_nobody() -> int:
@@ -218,6 +223,168 @@ def test_a_dead_sandbox_server_is_restarted(tools_dir):
         os.kill(runner._server.pid, signal.SIGKILL)
         runner._server.wait()
         assert runner.run("calc", "7 * 6").observation == "42"
+
+
+# ---- hostile tools: each attack is stopped or refused, and the runner serves the next call ---------
+
+HOSTILE_DIR = Path(__file__).resolve().parent / "hostile_tools"
+CHECKOUT = Path(__file__).resolve().parent.parent
+HOSTILE = ["fork_bomb", "allocate", "spin", "write_outside", "read_files", "environment", "connect",
+           "kill_everything", "print_flood", "return_flood"]
+HOSTILE_CHARS = 4000  # room for the JSON reports; the floods are cut to it
+
+
+@pytest.fixture(scope="module")
+def hostile(tools_dir):
+    specs = [ToolSpec(name, python=f"misbehaving:{name}", base_dir=str(HOSTILE_DIR), timeout_s=3) for name in HOSTILE]
+    specs += [tool("calc", tools_dir, timeout_s=3), ToolSpec("sh", command="python3 -", timeout_s=3)]
+    with ToolRunner(specs, workers=2, max_chars=HOSTILE_CHARS) as built:
+        yield built
+
+
+def still_serves(runner: ToolRunner) -> bool:
+    return runner.run("calc", "20 + 22").observation == "42" and runner._server.poll() is None
+
+
+def hostile_name() -> str:
+    return f"aspc-hostile-{uuid.uuid4().hex}"
+
+
+def test_hostile_fork_bomb_is_stopped(hostile):
+    result = hostile.run("fork_bomb", "")
+    assert result.status in ("timeout", "error", "crashed") and result.observation.startswith("error")
+    assert still_serves(hostile)
+
+
+def test_hostile_10_gb_allocation_is_refused(hostile):
+    result = hostile.run("allocate", "")
+    assert (result.status, result.observation) == ("error", "error: MemoryError: ")
+    command = hostile.run("sh", "block = bytearray(10 * 10**9)")
+    assert command.status == "error" and "MemoryError" in command.observation
+    assert still_serves(hostile)
+
+
+def test_hostile_endless_loop_times_out(hostile):
+    result = hostile.run("spin", "", timeout_s=1)
+    assert (result.status, result.observation) == ("timeout", "error: timed out after 1 s")
+    assert hostile.run("sh", "while True: pass", timeout_s=1).status == "timeout"
+    assert still_serves(hostile)
+
+
+def test_hostile_writes_outside_the_scratch_folder_leave_nothing(hostile):
+    """With filesystem isolation the tool may write only its scratch folder and a fresh /tmp and /dev/shm
+    of its own; everything else is read-only. Without it (docs/runtime.md) nobody still cannot write
+    root's folders, but /tmp and /dev/shm are the host's."""
+    if not (hostile.isolation["filesystem"] or hostile.isolation["user"]):
+        pytest.skip("no filesystem isolation and the tools keep the runner's user: they write where it may")
+    shared = [f"/tmp/{hostile_name()}", f"/dev/shm/{hostile_name()}"]
+    protected = [f"/var/tmp/{hostile_name()}", f"/etc/{hostile_name()}", str(HOSTILE_DIR / hostile_name()),
+                 str(CHECKOUT / hostile_name())]
+    try:
+        written = json.loads(hostile.run("write_outside", json.dumps(shared + protected)).observation)
+        command = hostile.run("sh", f"open('{shared[0]}.cmd', 'w').write('hostile')")
+        assert all(written[path] != "written" for path in protected)
+        assert all(not os.path.exists(path) for path in protected)
+        if hostile.isolation["filesystem"]:
+            assert all(written[path] == "written" for path in shared)  # in the call's own tmpfs
+            assert command.status == "ok"
+            assert not any(os.path.exists(path) for path in shared + [f"{shared[0]}.cmd"])
+    finally:
+        for path in shared + [f"{shared[0]}.cmd"]:
+            if os.path.exists(path):
+                os.remove(path)
+    assert still_serves(hostile)
+
+
+def test_hostile_reads_of_the_checkout_home_and_secrets_fail(hostile):
+    if not hostile.isolation["filesystem"]:
+        pytest.skip("no filesystem isolation (docs/runtime.md): a tool reads what its user may")
+    in_home = Path(os.path.expanduser("~")) / hostile_name()
+    in_home.write_text("home secret")
+    paths = [str(in_home), __file__, str(CHECKOUT / "pyproject.toml"), str(HOSTILE_DIR / "misbehaving.py"),
+             "/etc/shadow", os.path.join(os.getcwd(), "pyproject.toml")]
+    try:
+        read = json.loads(hostile.run("read_files", json.dumps(paths)).observation)
+        listed = hostile.run("calc", f"__import__('os').listdir('{CHECKOUT}')").observation
+    finally:
+        in_home.unlink()
+    assert read == {path: "PermissionError" if path == "/etc/shadow" else "FileNotFoundError" for path in paths}
+    assert "tests" not in listed and "pyproject.toml" not in listed
+    assert hostile.run("calc", "str(__import__('fractions').Fraction(2, 4))").observation == "1/2"  # stdlib kept
+    assert still_serves(hostile)
+
+
+def test_hostile_tool_sees_none_of_the_runners_variables(tools_dir, monkeypatch):
+    monkeypatch.setenv("SECRET_TOKEN", "hunter2")
+    spec = ToolSpec("environment", python="misbehaving:environment", base_dir=str(HOSTILE_DIR), timeout_s=3)
+    with ToolRunner([spec, tool("calc", tools_dir, timeout_s=3)], max_chars=4000) as runner:
+        seen = json.loads(runner.run("environment", "").observation)
+        assert still_serves(runner)
+    assert set(seen["os.environ"]) == {"PATH", "HOME"}
+    assert "SECRET_TOKEN" not in seen["/proc/self/environ"] and "hunter2" not in seen["/proc/self/environ"]
+
+
+def test_hostile_sockets_fail_even_to_a_loopback_server(hostile, tmp_path):
+    if not hostile.isolation["network"]:
+        pytest.skip("no network namespace: a tool reaches the host's network (the fallback test checks it)")
+    unix_path = f"/tmp/{hostile_name()}.sock"
+    with socket.create_server(("127.0.0.1", 0)) as listener, socket.socket(socket.AF_UNIX) as unix_listener:
+        unix_listener.bind(unix_path)
+        unix_listener.listen()
+        try:
+            targets = [listener.getsockname()[1], unix_path]
+            reached = json.loads(hostile.run("connect", json.dumps(targets)).observation)
+            listener.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                listener.accept()  # nobody connected
+        finally:
+            os.remove(unix_path)
+    assert reached["tcp"].startswith("failed")
+    if hostile.isolation["filesystem"]:
+        assert reached["unix"] == "failed: FileNotFoundError"  # the call has a /tmp of its own
+    assert still_serves(hostile)
+
+
+def test_hostile_tool_cannot_kill_its_parent_or_other_processes(hostile):
+    if not (hostile.isolation["processes"] or hostile.isolation["user"]):
+        pytest.skip("no PID namespace and the runner's own user: a tool may signal the runner's processes")
+    bystander = subprocess.Popen(["sleep", "30"])
+    try:
+        result = hostile.run("kill_everything", "")
+        assert result.status in ("ok", "crashed")
+        assert bystander.poll() is None
+        if hostile.isolation["processes"]:
+            # its /proc shows only itself, and its parent is outside its namespace (getppid() is 0):
+            # kill(0) reaches its own process group, where it is PID 1, which SIGKILL does not stop
+            assert result.status == "ok" and json.loads(result.observation) in ([], [0])
+    finally:
+        bystander.kill()
+        bystander.wait()
+    assert still_serves(hostile)
+
+
+@pytest.mark.parametrize("megabytes", [100, 2000])
+def test_hostile_flood_of_printed_output_is_truncated(hostile, megabytes):
+    """2000 MB kept whole would pass the 1 GiB address space: only the first max_chars*4 characters stay."""
+    result = hostile.run("print_flood", str(megabytes), timeout_s=5)
+    assert result.status == "ok" and result.observation == "p" * (HOSTILE_CHARS - len(TRUNCATED)) + TRUNCATED
+    assert still_serves(hostile)
+
+
+def test_hostile_huge_return_value_and_command_output_are_truncated(hostile):
+    returned = hostile.run("return_flood", "", timeout_s=5)
+    assert returned.status == "ok" and returned.observation == "r" * (HOSTILE_CHARS - len(TRUNCATED)) + TRUNCATED
+    printed = hostile.run("sh", "import sys\nfor _ in range(100):\n    sys.stdout.write('z' * (1 << 20))", timeout_s=5)
+    assert printed.status == "ok" and printed.observation == "z" * (HOSTILE_CHARS - len(TRUNCATED)) + TRUNCATED
+    assert still_serves(hostile)
+
+
+def test_the_tiny_agentic_pipelines_calc_tool_still_works():
+    pipelines = CHECKOUT / "pipelines"
+    with ToolRunner([ToolSpec("calc", python="tiny_tools:calc", base_dir=str(pipelines), timeout_s=5)]) as runner:
+        assert (runner.run("calc", "417*63").status, runner.run("calc", "417*63").observation) == ("ok", "26271")
+        bad = runner.run("calc", "4x")
+    assert bad.status == "error" and bad.observation.startswith("error: ValueError")
 
 
 # ---- the fallback: a runner that is not root, on a machine that allows no namespaces ---------------
@@ -319,4 +486,4 @@ def test_without_namespaces_a_non_root_runner_still_limits_and_scratches():
     # a command tool gets the declared env, PATH and HOME (read from /proc/self/environ: python3 itself adds
     # LC_CTYPE to a LANG=C environment, PEP 538)
     assert probe["env"] == ["HOME", "LANG", "PATH"]
-    assert out["secret"] == "s3cret"  # a python tool sees the runner's environment
+    assert out["secret"] == "unset"  # a python tool's environment is scrubbed too, namespaces or not

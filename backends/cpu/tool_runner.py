@@ -138,7 +138,8 @@ class ToolRunner:
         self._control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             self._server = subprocess.Popen(sandbox.start_command(theirs.fileno()), pass_fds=[theirs.fileno()],
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+                                            stdin=subprocess.DEVNULL, start_new_session=True,
+                                            env=_server_environment())
         self._control.settimeout(30)
         isolation = json.loads(self._control.recv(4096))
         self._control.settimeout(None)
@@ -163,8 +164,17 @@ def _checked(tool: ToolSpec) -> ToolSpec:
 
 
 def _request(spec: ToolSpec, arguments: str, timeout: float, scratch: str, max_chars: int) -> dict:
-    return {"python": spec.python, "command": spec.command, "env": spec.env, "base_dir": spec.base_dir,
-            "arguments": arguments, "scratch": scratch, "cpu_seconds": int(timeout) + 1, "max_chars": max_chars}
+    """cwd and home: the folders the sandbox hides from the tool, besides the tool's own (sandbox docstring)."""
+    base_dir = os.path.abspath(spec.base_dir) if spec.base_dir else None  # the child imports after a chdir
+    return {"python": spec.python, "command": spec.command, "env": spec.env, "base_dir": base_dir,
+            "arguments": arguments, "scratch": os.path.realpath(scratch), "cpu_seconds": int(timeout) + 1,
+            "max_chars": max_chars, "cwd": os.getcwd(), "home": os.path.expanduser("~")}
+
+
+def _server_environment() -> dict[str, str]:
+    """The sandbox server and every tool forked from it start without the runner's variables (secrets,
+    tokens): a tool could read them back from /proc/self/environ even after os.environ is cleared."""
+    return {"PATH": "/usr/bin:/bin", "HOME": os.path.expanduser("~"), "LANG": "C.UTF-8"}
 
 
 def _exchange(channel: socket.socket, request: bytes, deadline: float) -> tuple[bytes | None, int | None]:
@@ -224,10 +234,13 @@ def serve_tools(control_fd: int) -> None:
 
 def run_call(request: dict, drop_privileges) -> dict:
     """Run one call in the confined child: {"status": ..., "observation": ...}."""
-    if request["python"]:
-        status, text = _call_python(request, drop_privileges)
-    else:
-        status, text = _run_command(request, drop_privileges)
+    try:
+        if request["python"]:
+            status, text = _call_python(request, drop_privileges)
+        else:
+            status, text = _run_command(request, drop_privileges)
+    except sandbox.SandboxError as error:  # not the model's fault: the call did not run
+        status, text = "crashed", f"error: sandbox: {error}"
     text = _truncate(text, request["max_chars"])
     return {"status": status, "observation": text.encode("utf-8", "replace").decode("utf-8")}
 
@@ -240,13 +253,31 @@ def _call_python(request: dict, drop_privileges) -> tuple[str, str]:
     except UserCodeError as error:
         return "error", f"error: {error.message}"
     drop_privileges()  # the module was imported with the runner's rights; the call runs without them
-    printed = io.StringIO()
+    os.environ.clear()  # as a command tool's: the declared variables, PATH and HOME
+    os.environ.update(_environment(request["env"], request["scratch"]))
+    printed = _CappedOutput(request["max_chars"] * 4)
     sys.stdout = sys.stderr = printed  # this child process ends after the call: nothing to restore
     try:
         value = _call_with(function, request["arguments"])
         return "ok", printed.getvalue() if value is None else _as_text(value)
     except BaseException as error:  # anything the tool raises, even in its __str__, is the model's observation
         return "error", f"error: {type(error).__name__}: {error}"
+
+
+class _CappedOutput(io.StringIO):
+    """What a python tool prints: the first `limit` characters are kept, the rest dropped as it comes, so
+    a tool printing 100 MB holds no more than that in memory. `limit` exceeds max_chars, so a cut output
+    is still marked by _truncate."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self._room = limit
+
+    def write(self, text: str) -> int:
+        kept = text[:max(self._room, 0)]
+        self._room -= len(kept)
+        super().write(kept)
+        return len(text)
 
 
 def _call_with(function, arguments: str):
