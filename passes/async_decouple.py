@@ -36,7 +36,7 @@ class AsyncDecouple(Pass):
         stages, flows = ensure_weight_syncs(graph, stages, flows)
         stages = [s.with_results(weight_sync=replace(s.weight_sync, mode="async", staleness=self.staleness))
                   if s.kind is StageKind.WEIGHT_SYNC else s for s in stages]
-        return graph.rebuilt(stages, flows)
+        return _in_effect(graph.rebuilt(stages, flows), self.staleness)
 
     def _channel(self, graph, producer: Stage, stages, flows):
         data = graph.data.get(_data_of(graph, producer))
@@ -46,6 +46,15 @@ class AsyncDecouple(Pass):
         channel = Stage(node, StageKind.CHANNEL,
                         channel=ChannelSpec((self.staleness + 1) * per_step, per_step, self.staleness))
         return stages + [channel], interpose(flows, producer.name, consumers, node)
+
+
+def _in_effect(graph: StageGraph, staleness: int) -> StageGraph:
+    """The schedule states the staleness this pass put in effect (`-p 'async-decouple{staleness=2}'`
+    may differ from the file's), as auto-place writes the settings it chose."""
+    if graph.schedule is None:
+        return graph
+    options = {**dict(graph.schedule.options), "staleness": staleness}
+    return graph.with_schedule(replace(graph.schedule, options=tuple(sorted(options.items()))))
 
 
 def _data_of(graph: StageGraph, stage: Stage) -> str | None:

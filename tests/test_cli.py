@@ -25,7 +25,8 @@ def test_compile_writes_output_file(aspc, tmp_path):
 
 def test_emit_ast_prints_canonical_source(aspc):
     out = aspc("compile", "pipelines/tiny_grpo.aspl", "--emit", "ast").stdout
-    assert out.startswith("pipeline tiny_grpo\n")
+    assert out.startswith("# GRPO on a tiny Qwen-style model that learns arithmetic on a CPU in minutes.\n"
+                          "pipeline tiny_grpo\n")  # comments are kept
     assert "stage gen = generate(actor, prompts) on cpu" in out
 
 

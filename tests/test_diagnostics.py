@@ -102,10 +102,14 @@ def test_warnings_of_one_kind_are_capped_with_a_count_of_the_rest():
     assert "data file 'a.jsonl' does not exist" in text  # another kind is not capped with them
 
 
-def test_errors_are_never_capped():
+def test_errors_of_one_kind_are_capped_and_all_counted():
     errors = [Diagnostic("error", Span("f.aspl", i, 1, i, 2), f"unknown name 'n{i}'") for i in range(1, 31)]
-    text = render_all(errors, {"f.aspl": "x\n" * 40})
-    assert text.count("error: unknown name") == 30 and "more warnings" not in text
+    other = Diagnostic("error", Span("f.aspl", 35, 1, 35, 2), "unknown pool 'p'")
+    text = render_all([*errors, other], {"f.aspl": "x\n" * 40})
+    assert text.count("error: unknown name") == diagnostics.ERROR_CAP and "more warnings" not in text
+    assert "... and 20 more errors of this kind (the first 10 of each kind are shown)" in text
+    assert "error: unknown pool 'p'" in text  # another kind is not capped with them
+    assert text.endswith("31 errors generated.")
 
 
 def test_rendering_splits_each_source_once(monkeypatch):

@@ -20,6 +20,12 @@ import click
 CANN_VERSION = "9.1"
 TORCH_NPU_SERIES = "2.10"
 VLLM_VERSION = "0.23.0"
+# The megatron-core series the lowering's configs and layer specs are checked against
+# (tests/test_ascend_conformance.py): 0.12 is MindSpeed's (core_v0.12.1), 0.16 the test extra's pin
+# (pyproject.toml), so either is accepted and neither is reported missing.
+MEGATRON_SERIES = ("0.12", "0.16")
+MEGATRON_FIX = ("install Megatron-LM core_v0.12.1 from source (the release MindSpeed pairs with), or "
+                "`pip install megatron-core==0.16.1` (the test extra's); docs/ascend.md, \"Install\"")
 CANN_HOMES = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")
 CANN_DEFAULT = Path("/usr/local/Ascend/ascend-toolkit/latest")
 PROBE = ("import json, torch, torch_npu; "
@@ -94,13 +100,26 @@ def _no_devices(why: str) -> Check:
     return Check("NPU devices", False, f"unknown: {why}", "fix torch-npu first; then `npu-smi info` lists the NPUs")
 
 
-def check_distribution(name: str, wanted: str | None, fix: str) -> Check:
+def check_distribution(name: str, wanted: str | tuple[str, ...] | None, fix: str) -> Check:
+    """`wanted`: the version prefix (or prefixes, any of which will do) the installed version needs."""
     installed = _version(name)
     if installed is None:
         return Check(name, False, "not installed", fix)
-    if wanted and not installed.startswith(wanted):
-        return Check(name, False, f"{installed} installed, {wanted} wanted", fix)
+    prefixes = (wanted,) if isinstance(wanted, str) else wanted or ()
+    if prefixes and not any(_in_series(installed, p) for p in prefixes):
+        return Check(name, False, f"{installed} installed, {_wanted_text(prefixes)} wanted", fix)
     return Check(name, True, installed)
+
+
+def _in_series(version: str, prefix: str) -> bool:
+    """0.12.1 is in the series 0.12, 0.120.0 is not; 0.23.0+empty (a source build) is 0.23.0."""
+    rest = version.removeprefix(prefix)
+    return rest != version and not rest[:1].isdigit()
+
+
+def _wanted_text(prefixes: tuple[str, ...]) -> str:
+    """0.12.x or 0.16.x for series, a full version as itself."""
+    return " or ".join(p if p.count(".") >= 2 else f"{p}.x" for p in prefixes)
 
 
 def check_mindspeed() -> Check:
@@ -124,7 +143,7 @@ def check_stack(environ=None, run: Callable = subprocess.run) -> list[Check]:
     return [check_cann(environ), check_hccl(environ), *check_torch_npu(run),
             check_distribution("vllm", VLLM_VERSION, vllm_fix),
             check_distribution("vllm-ascend", VLLM_VERSION, f"pip install vllm-ascend=={VLLM_VERSION}"),
-            check_distribution("megatron-core", "0.12", "install Megatron-LM core_v0.12.1 from source (MindSpeed's)"),
+            check_distribution("megatron-core", MEGATRON_SERIES, MEGATRON_FIX),
             check_mindspeed()]
 
 

@@ -37,9 +37,23 @@ def write_schedule_graph(compiled: Compiled, directory: Path) -> tuple[list[Path
                          "(e.g. `apt-get install graphviz`) for SVG and PNG")
     for fmt in ("svg", "png"):
         out = directory / f"{stem}.{fmt}"
-        result = subprocess.run(["dot", f"-T{fmt}", str(dot_path), "-o", str(out)], capture_output=True,
-                                text=True, timeout=60)
-        if result.returncode != 0:
-            return written, f"Graphviz failed on {dot_path}: {result.stderr.strip()}"
+        failure = _render(dot_path, fmt, out)
+        if failure:
+            return written, f"Graphviz's `dot` failed on {dot_path} ({failure}), so only the files above were " \
+                            "written; check the install (e.g. `apt-get install --reinstall graphviz`)"
         written.append(out)
     return written, ""
+
+
+def _render(dot_path: Path, fmt: str, out: Path) -> str:
+    """Run `dot -Tfmt`; what went wrong, or '' (a `dot` that cannot start or hangs is said, not raised)."""
+    try:
+        result = subprocess.run(["dot", f"-T{fmt}", str(dot_path), "-o", str(out)], capture_output=True,
+                                text=True, timeout=60)
+    except OSError as error:
+        return f"it cannot be started: {error.strerror or error}"
+    except subprocess.TimeoutExpired:
+        return "it ran for more than 60 s"
+    if result.returncode != 0:
+        return result.stderr.strip() or f"exit status {result.returncode}"
+    return ""

@@ -21,6 +21,8 @@ from aspc.frontend.compiler import Compilation, compile_file, compile_source
 from aspc.frontend.diagnostics import AsplError, render_all
 from aspc.frontend.formatter import format_program
 from aspc.frontend.layouts import apply_layout
+from aspc.frontend.parser import parse
+from aspc.frontend.relocate import modules_left_behind, relocate
 from aspc.frontend.schema import SEARCH_BOUNDS
 from aspc.ir.layout import Knobs
 from aspc.passes.layout_search import Ranked, search, written_ranked
@@ -169,12 +171,48 @@ def tune_command(file, output, schedule, confirm, steps, max_staleness, override
     confirm the best few on the simulator, and write the program at that layout as .aspl source.
     Written tp/pp/cp/ep are constraints (docs/passes.md, "auto-place")."""
     compilation = _compile(file, overrides)
+    move = _move(file, output)
+    if move is not None:
+        _refuse_modules_left_behind(file, compilation.program, *move)
     kind = schedule or compilation.graph.schedule.kind
     tuning = _tune(file, compilation, kind, confirm, steps, _staleness_values(compilation, kind, max_staleness))
     click.echo(report(tuning), err=True, nl=False)
-    write_output(tuning.best.text, output)
+    text, rewritten = _relocated(tuning.best.text, move)
+    write_output(text, output)
     if output is not None:
-        click.echo(f"wrote {output}", err=True)
+        moved = f" ({rewritten} relative path{'s' if rewritten != 1 else ''} rewritten to be relative to " \
+                f"{Path(output).parent}/)" if rewritten else ""
+        click.echo(f"wrote {output}{moved}", err=True)
+
+
+def _move(file, output) -> tuple[Path, Path] | None:
+    """(the source's folder, the output's folder) when `-o` writes into another folder, else None."""
+    if output is None:
+        return None
+    source, target = Path(file).parent, Path(output).parent
+    return None if source.resolve() == target.resolve() else (source, target)
+
+
+def _refuse_modules_left_behind(file, program: ast.Program, source: Path, target: Path) -> None:
+    """A module beside the source cannot be named from the new folder: say so before tuning."""
+    found = modules_left_behind(program, source, target)
+    if not found:
+        return
+    sources = {}
+    try:
+        sources[file] = Path(file).read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError):
+        pass
+    click.echo(render_all(found, sources), err=True)
+    sys.exit(1)
+
+
+def _relocated(text: str, move: tuple[Path, Path] | None) -> tuple[str, int]:
+    """The tuned text with its relative paths rewritten for the output's folder (and how many were)."""
+    if move is None:
+        return text, 0
+    program, count = relocate(parse(text, TUNED_SOURCE), *move)
+    return format_program(program), count
 
 
 def _staleness_values(compilation: Compilation, kind: str, bound: int | None) -> tuple[int, ...] | None:

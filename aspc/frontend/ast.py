@@ -1,6 +1,6 @@
 """The located AST of an .aspl file: frozen dataclasses, each with a Span.
 
-Spans do not take part in equality, so `parse(format(ast)) == ast` holds for the round trip.
+Spans and comments do not take part in equality, so `parse(format(ast)) == ast` holds for the round trip.
 Nodes have __slots__: a 2 MB file makes hundreds of thousands of them, and per-node dicts made
 memory and Python's cycle collector a fifth of the time of checking it.
 """
@@ -158,6 +158,24 @@ Decl = Pipeline | Pool | Model | Data | Stage | Schedule
 
 
 @dataclass(frozen=True, slots=True)
+class Comment:
+    """A `# ...` comment, kept for the formatter: above the declaration it precedes or sits inside,
+    or at the end of that declaration's line (`trailing`). `anchor` is decl_key of that declaration;
+    None: after the last one."""
+
+    text: str  # from '#' to the end of the line, trailing blanks removed
+    anchor: str | None
+    trailing: bool = False
+    span: Span = _span()
+
+
+def decl_key(decl: Decl) -> str:
+    """What a comment is anchored to: the kind and name of a declaration (the schedule has one)."""
+    return f"{type(decl).__name__.lower()} {getattr(decl, 'name', '')}".rstrip()
+
+
+@dataclass(frozen=True, slots=True)
 class Program:
     file: str
     decls: tuple[Decl, ...]
+    comments: tuple[Comment, ...] = field(default=(), compare=False, repr=False)  # not part of equality

@@ -4,6 +4,7 @@ from __future__ import annotations
 import networkx as nx
 
 from aspc.frontend.diagnostics import DiagnosticSink
+from aspc.frontend.reward_hints import combine_rewards_hint
 from aspc.ir.graph import DataSpec, Stage, StageGraph, StageKind
 from aspc.ir.span import Span
 
@@ -81,7 +82,8 @@ def _check_inputs(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> None
                                        f"but '{src.name}' ({src.kind.value}) is given as input")
             elif field in seen:
                 sink.error(stage.span, f"stage '{stage.name}' gets {field} from both "
-                                       f"'{seen[field]}' and '{src.name}'")
+                                       f"'{seen[field]}' and '{src.name}'",
+                           combine_rewards_hint(graph, seen[field], src.name, stage.name))
             seen[field] = src.name
     for field in sorted(REQUIRES[stage.kind] - set(seen)):
         _missing(stage, field, "", sink)

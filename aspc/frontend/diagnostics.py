@@ -94,7 +94,8 @@ def _variants(word: str) -> set[str]:
     return {word} | {word[:i] + word[i + 1:] for i in range(len(word))}
 
 
-WARNING_CAP = 10  # warnings of one kind shown before the rest are summed up in one line
+WARNING_CAP = 10  # diagnostics of one kind shown before the rest are summed up in one line
+ERROR_CAP = WARNING_CAP  # thousands of one error say no more than ten of them (the count stays exact)
 
 
 def render(diagnostic: Diagnostic, sources: dict[str, str] | SourceLines) -> str:
@@ -111,17 +112,18 @@ def render(diagnostic: Diagnostic, sources: dict[str, str] | SourceLines) -> str
 
 
 def render_all(diagnostics: Iterable[Diagnostic], sources: dict[str, str],
-               warning_cap: int = WARNING_CAP) -> str:
-    """Every error, and the first `warning_cap` warnings of each kind with a line counting the rest.
-    Each source is split into lines once, so the cost is linear in the sources and diagnostics."""
+               warning_cap: int = WARNING_CAP, error_cap: int = ERROR_CAP) -> str:
+    """The first `error_cap` errors and `warning_cap` warnings of each kind, each capped kind with a
+    line counting the rest, and the number of all errors. Each source is split into lines once, so
+    the cost is linear in the sources and diagnostics."""
     items = list(diagnostics)
     lines = SourceLines.of(sources)
+    caps = {"error": error_cap, "warning": warning_cap}
     blocks = []
-    for diagnostic, omitted in _cap_warnings(items, warning_cap):
+    for diagnostic, omitted in _capped(items, caps):
         blocks.append(render(diagnostic, lines))
         if omitted:
-            blocks.append(f"... and {omitted} more warning{'s' if omitted != 1 else ''} like this "
-                          f"(the first {warning_cap} of each kind are shown)")
+            blocks.append(_omitted_line(diagnostic.severity, omitted, caps[diagnostic.severity]))
     text = "\n".join(blocks)
     errors = sum(d.severity == "error" for d in items)
     if errors:
@@ -129,15 +131,21 @@ def render_all(diagnostics: Iterable[Diagnostic], sources: dict[str, str],
     return text
 
 
-def _cap_warnings(items: list[Diagnostic], cap: int) -> Iterator[tuple[Diagnostic, int]]:
-    """The diagnostics to show, each with the number of its kind left out after it (0 mostly)."""
-    totals = Counter(_kind(d) for d in items if d.severity == "warning")
+def _omitted_line(severity: str, omitted: int, cap: int) -> str:
+    plural = "s" if omitted != 1 else ""
+    if severity == "error":
+        return f"... and {omitted} more error{plural} of this kind (the first {cap} of each kind are shown)"
+    return f"... and {omitted} more warning{plural} like this (the first {cap} of each kind are shown)"
+
+
+def _capped(items: list[Diagnostic], caps: dict[str, int]) -> Iterator[tuple[Diagnostic, int]]:
+    """The diagnostics to show, each with the number of its kind left out after it (0 mostly).
+    A kind is a severity and a message with its particulars blanked."""
+    totals = Counter((d.severity, _kind(d)) for d in items)
     shown: Counter = Counter()
     for diagnostic in items:
-        if diagnostic.severity != "warning":
-            yield diagnostic, 0
-            continue
-        kind = _kind(diagnostic)
+        kind = (diagnostic.severity, _kind(diagnostic))
+        cap = caps[diagnostic.severity]
         shown[kind] += 1
         if shown[kind] <= cap:
             yield diagnostic, totals[kind] - cap if shown[kind] == cap else 0
@@ -147,7 +155,7 @@ _PARTICULARS = re.compile(r"'[^']*'|\"[^\"]*\"|-?\d+(?:\.\d+)?")
 
 
 def _kind(diagnostic: Diagnostic) -> str:
-    """A message with its names, strings and numbers blanked: warnings of one kind share it."""
+    """A message with its names, strings and numbers blanked: diagnostics of one kind share it."""
     return _PARTICULARS.sub("_", diagnostic.message)
 
 

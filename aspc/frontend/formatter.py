@@ -1,4 +1,4 @@
-"""AST -> canonical .aspl text (`--emit ast`); parsing the output gives the same AST back."""
+"""AST -> canonical .aspl text (`--emit ast`), comments kept; parsing the output gives the same AST back."""
 from __future__ import annotations
 
 from aspc.frontend import ast
@@ -6,7 +6,18 @@ from aspc.ir.values import format_value
 
 
 def format_program(program: ast.Program) -> str:
-    return "\n".join(_decl(d) for d in program.decls) + "\n"
+    """One line per declaration, each comment above its declaration or at the end of its line
+    (aspc/frontend/comments.py); comments whose declaration is gone come last."""
+    pending = list(program.comments)
+    lines = []
+    for decl in program.decls:
+        key = ast.decl_key(decl)
+        mine = [c for c in pending if c.anchor == key]
+        pending = [c for c in pending if c.anchor != key]
+        lines += [c.text for c in mine if not c.trailing]
+        lines.append(_decl(decl) + "".join(f"  {c.text}" for c in mine if c.trailing))
+    lines += [c.text for c in pending]
+    return "\n".join(lines) + "\n"
 
 
 def _decl(decl: ast.Decl) -> str:

@@ -80,7 +80,7 @@ def colocate(program: ast.Program, graph: StageGraph) -> ast.Program:
             decls.append(_respread(decl, graph.stage(decl.name), name, devices, cap))
         else:
             decls.append(decl)
-    return replace(program, decls=tuple(decls))
+    return replace(program, decls=tuple(decls), comments=())  # the file's comments describe its own layout
 
 
 def _require_one_hardware(pools: list[ast.Pool]) -> None:

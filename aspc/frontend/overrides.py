@@ -81,7 +81,7 @@ def apply_overrides(program: ast.Program, overrides: list[str], sink: Diagnostic
                        did_you_mean(target, _names(decls)))
         for i in indices:
             decls[i] = _set(decls[i], new_option, value, sink)
-    return ast.Program(program.file, tuple(decls))
+    return dataclasses.replace(program, decls=tuple(decls))  # its comments stay
 
 
 def _targets(decls: list[ast.Decl], target: str) -> list[int]:

@@ -17,6 +17,7 @@ from lark import Lark, Token, Transformer
 from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from aspc.frontend import ast
+from aspc.frontend.comments import find_comments
 from aspc.frontend.diagnostics import AsplError, Diagnostic
 from aspc.frontend.lexer import ContextualLexer
 from aspc.ir.span import Span
@@ -93,7 +94,8 @@ def parse(text: str, file: str = "<input>") -> ast.Program:
         raise AsplError(_syntax_errors(text, file, first)) from None
     except LarkError as error:  # defensive: lark raised something we did not map
         raise AsplError([Diagnostic("error", Span.point(file), f"cannot parse: {error}")]) from None
-    return ast.Program(file, tuple(tree.children))
+    decls = tuple(tree.children)
+    return ast.Program(file, decls, find_comments(text, file, decls))
 
 
 def parse_value(text: str, file: str = "<--set>") -> ast.Value:

@@ -20,8 +20,7 @@ def check_resources(graph: StageGraph, sink: DiagnosticSink) -> None:
             continue
         if stage.pool not in placed and not _fits_pool(graph, stage, sink):
             continue
-        model = graph.models.get(stage.model)
-        if model is None:
+        if graph.models.get(_model_of(stage)) is None:
             continue
         if _layout_ok(graph, stage, sink) and stage.pool not in placed:
             _fits_memory(graph, stage, sink)
@@ -56,8 +55,27 @@ def _fits_pool(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> bool:
     return False
 
 
+def _model_of(stage: Stage) -> str | None:
+    """The model a stage holds on its devices: its model input, or a reward stage's first model(...)
+    or judge(...) source (the one the runtime loads: aspc/controller/kinds.py)."""
+    if stage.kind is not StageKind.REWARD:
+        return stage.model
+    sources = stage.option("sources", ())
+    scorers = [s for s in sources if s.func == "judge"] or [s for s in sources if s.func == "model"]
+    return scorers[0].get("model") if scorers else None
+
+
+def _decodes(stage: Stage) -> bool:
+    """Generate and a judge (its verdict) decode with a vLLM layout and a KV cache; the rest run forward."""
+    return stage.kind is StageKind.GENERATE or _is_judge(stage)
+
+
+def _is_judge(stage: Stage) -> bool:
+    return stage.kind is StageKind.REWARD and any(s.func == "judge" for s in stage.option("sources", ()))
+
+
 def _layout_ok(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> bool:
-    arch = graph.models[stage.model].arch
+    arch = graph.models[_model_of(stage)].arch
     p = stage.parallel
     problems = []  # (the option at fault, what is wrong)
     if arch.heads % p.tp:
@@ -65,12 +83,12 @@ def _layout_ok(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> bool:
     if p.pp > arch.layers:
         problems.append(("pp", f"pp = {p.pp} exceeds the {arch.layers} layers"))
     if p.ep > 1 and not arch.experts:
-        problems.append(("ep", f"ep = {p.ep} needs a mixture-of-experts model, '{stage.model}' is dense"))
+        problems.append(("ep", f"ep = {p.ep} needs a mixture-of-experts model, '{_model_of(stage)}' is dense"))
     elif arch.experts and arch.experts % p.ep:
         problems.append(("ep", f"ep = {p.ep} does not divide the {arch.experts} experts"))
-    group = p.tp * p.dp * p.cp if stage.kind is StageKind.GENERATE else p.dp * p.cp
+    group = p.tp * p.dp * p.cp if _decodes(stage) else p.dp * p.cp
     if group % p.ep:
-        what = "tp x dp x cp" if stage.kind is StageKind.GENERATE else "dp x cp"
+        what = "tp x dp x cp" if _decodes(stage) else "dp x cp"
         problems.append(("ep", f"ep = {p.ep} does not divide {what} = {group}"))
     for option, problem in problems:
         sink.error(stage.option_span(option) or stage.span, f"stage '{stage.name}': {problem}")
@@ -86,15 +104,21 @@ def _fits_memory(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> None:
     usable = hardware.hbm_bytes * fraction
     if need.total <= usable:
         return
-    model = graph.models[stage.model]
+    model = graph.models[_model_of(stage)]
     p = stage.parallel
     sink.error(_memory_span(stage, need.total <= hardware.hbm_bytes * USABLE_HBM_FRACTION),
-               f"{stage.kind.value} of '{stage.model}' ({model.preset}, "
+               f"{_role_of(stage)} of '{model.name}' ({model.preset}, "
                f"{model.arch.total_params() / 1e9:.1f}B parameters) with tp={p.tp} pp={p.pp} "
                f"ep={p.ep} needs {gb(need.total)} per device ({need.describe()}), but a "
                f"{hardware.name} has {gb(usable)} usable ({fraction:.0%} of "
                f"{hardware.hbm_gib:g} GiB)",
                _memory_hint(stage, need.total / usable))
+
+
+def _role_of(stage: Stage) -> str:
+    if stage.kind is not StageKind.REWARD:
+        return stage.kind.value
+    return "judge" if _is_judge(stage) else "reward model"
 
 
 def _memory_span(stage: Stage, fits_default_share: bool):
@@ -113,17 +137,30 @@ def _memory_fraction(stage: Stage) -> float:
 
 
 def _memory_need(graph: StageGraph, stage: Stage) -> MemoryNeed | None:
-    model = graph.models[stage.model]
+    model = graph.models[_model_of(stage)]
     if stage.kind is StageKind.GENERATE:
         data = graph.data.get(stage.data)
         context = (data.max_prompt if data else 0) + stage.option("max_tokens", 0)
         return generation_need(model.arch, model.dtype, stage.parallel, context)
-    if stage.kind is StageKind.REFERENCE:
+    if _is_judge(stage):
+        return generation_need(model.arch, model.dtype, stage.parallel, _judge_context(graph))
+    if stage.kind in (StageKind.REFERENCE, StageKind.REWARD):
         return forward_need(model.arch, model.dtype, stage.parallel)
     if stage.kind in (StageKind.TRAIN, StageKind.CRITIC):
         return training_need(model.arch, model.dtype, stage.parallel,
                              stage.option("distributed_optimizer", True))
     return None
+
+
+# What a judge's context holds besides a sample: room for its rubric and its one verdict token, as
+# its engine is lowered (backends/ascend/engine_args.py: JUDGE_RUBRIC_TOKENS + JUDGE_VERDICT_TOKENS).
+JUDGE_EXTRA_TOKENS = 1024 + 1
+
+
+def _judge_context(graph: StageGraph) -> int:
+    """A judge reads the rubric, a prompt and its response: the longest of the program's data."""
+    longest = max((d.max_prompt + d.max_response for d in graph.data.values()), default=0)
+    return JUDGE_EXTRA_TOKENS + longest
 
 
 def _memory_hint(stage: Stage, ratio: float) -> str:
