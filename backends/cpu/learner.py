@@ -2,19 +2,24 @@
 streamed unit of samples; the optimizer step once per training step.
 
 The policy at the start of a train step is its proximal policy (AReaL): the weights change only at
-the optimizer step, so its log-probs are the current ones, detached, with no extra forward."""
+the optimizer step, so its log-probs are the current ones, detached, with no extra forward.
+
+Nothing non-finite is trained on: a NaN or infinite reward, advantage or loss of a unit, or
+gradient norm of a step, raises NonFiniteError (losses.py) before the optimizer changes any weight,
+the step's gradients discarded, so the last checkpoint the run keeps is a sound one."""
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 
 import torch
 
 from aspc.backends.cpu.batching import make_batch, token_logprobs, token_values
 from aspc.backends.cpu.generator import PolicyWeights
-from aspc.backends.cpu.losses import (LOSS_DEFAULTS, aggregate, default_aggregation, gae, group_advantages,
-                                      off_policy_correction, overlong_penalty, policy_loss, step_divisor, value_loss,
-                                      whiten)
+from aspc.backends.cpu.losses import (LOSS_DEFAULTS, NonFiniteError, aggregate, default_aggregation, gae,
+                                      group_advantages, off_policy_correction, overlong_penalty, policy_loss,
+                                      step_divisor, value_loss, whiten)
 from aspc.algorithms.packing import first_fit_decreasing
 
 
@@ -109,7 +114,9 @@ class Learner:
     # ---- training ----
     def train(self, rollouts: list[Rollout]) -> None:
         """Accumulate gradients for one unit (whole groups) of the current step."""
+        self._require_finite_rewards(rollouts)
         token_adv, returns = self._advantages(rollouts)
+        self._require_finite_advantages(rollouts, token_adv)
         for chunk_idx in self._micro_batch_indices(rollouts):
             chunk = [rollouts[i] for i in chunk_idx]
             batch = make_batch([(r.prompt, r.response) for r in chunk])
@@ -125,6 +132,7 @@ class Learner:
                                      self.s.clip_high, self.s.kl, self.s.aggregation, correction.weights)
             if self.s.entropy_coef:  # aggregated as the policy loss is (verl compute_entropy_loss)
                 loss = loss - self.s.entropy_coef * aggregate(entropy, mask, self.s.aggregation)
+            self._require_finite_loss(float(loss.detach()), "policy", chunk)
             loss.backward()
             if self.critic is not None:
                 self.step_stats.value_loss += self._value_loss(chunk, batch, mask, [returns[i] for i in chunk_idx])
@@ -148,16 +156,56 @@ class Learner:
         values = token_values(self.critic, batch)
         old = _pad([r.values for r in chunk], batch.width)
         loss = self.s.value_coef * value_loss(values, old, _pad(returns, batch.width), mask, self.s.value_clip)
+        self._require_finite_loss(float(loss.detach()), "value", chunk)
         loss.backward()
         return float(loss.detach())
 
+    # ---- the non-finite guards: each raises before any weight changes ----
+    def _require_finite_rewards(self, rollouts: list[Rollout]) -> None:
+        """A reward that came from elsewhere (a reward model's or judge's executor, a remote
+        learner) is checked here too; the reward functions check their own (rewards.py)."""
+        for r in rollouts:
+            if not r.masked and not math.isfinite(r.reward):
+                self._stop(f"the reward of {_sample(r)} is {r.reward}: a reward must be a finite number; check the "
+                           "reward stage's sources (a reward model or judge with damaged weights scores NaN)")
+
+    def _require_finite_advantages(self, rollouts: list[Rollout], token_adv: list[list[float]]) -> None:
+        for r, row in zip(rollouts, token_adv):
+            if not all(math.isfinite(a) for a in row):
+                self._stop(f"the advantage of {_sample(r)} is not finite (its reward {r.reward}); check the "
+                           "critic's values and the reward stage's sources")
+
+    def _require_finite_loss(self, loss: float, kind: str, chunk: list[Rollout]) -> None:
+        if not math.isfinite(loss):
+            self._stop(f"the {kind} loss of a micro-batch with {_sample(chunk[0])} is {loss}; lower the train "
+                       "stage's lr, or set grad_clip, and continue from the last checkpoint with --resume")
+
+    def _require_finite_gradients(self, norms: dict[str, float]) -> None:
+        for model, norm in norms.items():
+            if not math.isfinite(norm):
+                self._stop(f"the {model}'s gradient norm is {norm} at step {self.version + 1}; lower the train "
+                           "stage's lr, or set grad_clip, and continue from the last checkpoint with --resume")
+
+    def _stop(self, reason: str) -> None:
+        """Discard the step's gradients (the weights are untouched) and raise NonFiniteError."""
+        for model in (self.actor, self.critic):
+            if model is not None:
+                model.zero_grad(set_to_none=True)
+        raise NonFiniteError(f"{reason}; the step was not applied: no weight changed")
+
     def optimizer_step(self) -> dict:
-        """Divide the summed gradients by the step's divisor (losses.step_divisor), clip, step."""
+        """Divide the summed gradients by the step's divisor (losses.step_divisor), clip, and step,
+        once every gradient norm is known to be finite."""
         stats = self.step_stats
         scale = step_divisor(self.s.aggregation, stats.sequences, stats.tokens, self.s.max_tokens)
-        norm = _step(self.actor, self.optimizer, scale, self.s.grad_clip)
+        norms = {"actor": _clip(self.actor, scale, self.s.grad_clip)}
         if self.critic is not None:
-            _step(self.critic, self.critic_optimizer, max(stats.tokens, 1), self.s.grad_clip)
+            norms["critic"] = _clip(self.critic, max(stats.tokens, 1), self.s.grad_clip)
+        self._require_finite_gradients(norms)
+        _apply(self.optimizer)
+        if self.critic is not None:
+            _apply(self.critic_optimizer)
+        norm = norms["actor"]
         summary = stats.summary(scale, self.critic is not None) | {"grad_norm": norm}
         self.step_stats = _StepStats(self.shaped)
         self.version += 1
@@ -184,6 +232,7 @@ class _StepStats:
         self.shaped_rewards: list[float] = []  # with shaping, as the advantage saw it
         self.shaped = shaped
         self.lengths: list[int] = []
+        self.responses: set[int] = set()  # hashes of the step's distinct responses
         self.failed = 0  # samples whose score failed (masked, with the fallback reward)
         self.episodes: list[dict] = []  # agentic episodes trained this step
 
@@ -197,6 +246,7 @@ class _StepStats:
         self.failed += sum(r.masked for r in chunk)
         self.episodes += [r.episode for r in chunk if r.episode is not None]
         self.lengths += [len(r.response) for r in chunk]
+        self.responses.update(hash(tuple(r.response)) for r in chunk)
 
     def add_weights(self, staleness: list[int], correction, mask) -> None:
         """Per staleness, the importance weights pi_proximal / pi_rollout of the trained tokens."""
@@ -215,7 +265,13 @@ class _StepStats:
         value = {"value_loss": self.value_loss / max(self.tokens, 1)} if critic else {}
         return {"reward": sum(self.rewards) / scored, **shaped, "response_len": sum(self.lengths) / n,
                 "loss": self.loss / divisor, **value, "clip_fraction": self.clipped / max(self.tokens, 1),
-                "samples": self.sequences, **failed, **self._weight_metrics(), **episode_metrics(self.episodes)}
+                "samples": self.sequences, **failed, **self._weight_metrics(), **episode_metrics(self.episodes),
+                **self._spread()}
+
+    def _spread(self) -> dict:
+        """How much the step's rewards and responses varied (aspc/controller/health.py reads them)."""
+        spread = max(self.rewards) - min(self.rewards) if self.rewards else 0.0
+        return {"reward_spread": spread, "responses_distinct": len(self.responses)}
 
     def _weight_metrics(self) -> dict:
         """is_weight: the mean weight per staleness (1 when nothing changed since generation);
@@ -242,14 +298,23 @@ def episode_metrics(episodes: list[dict]) -> dict:
             "ended": dict(sorted(ended.items()))}
 
 
-def _step(model, optimizer, scale: float, grad_clip: float) -> float:
+def _clip(model, scale: float, grad_clip: float) -> float:
+    """Divide the model's summed gradients by `scale`, clip them; their norm before clipping."""
     for p in model.parameters():
         if p.grad is not None:
             p.grad /= scale
-    norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf")))
+    return float(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf")))
+
+
+def _apply(optimizer) -> None:
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return norm
+
+
+def _sample(r: Rollout) -> str:
+    """A sample as a message names it: its id where known, and its prompt."""
+    where = f"sample {r.key} " if r.key is not None else "the sample "
+    return f"{where}(prompt {r.prompt_text!r})"
 
 
 def _pad(rows, width: int) -> torch.Tensor:

@@ -20,6 +20,12 @@ OFF_POLICY = ("clip", "tis", "decoupled")
 LOSS_DEFAULTS = {"loss_agg": None, "off_policy": "clip", "is_cap": 2.0, "value_clip": 0.0}
 
 
+class NonFiniteError(ValueError):
+    """A reward, advantage, loss or gradient is NaN or infinite: the step stops before the optimizer
+    changes any weight. The message names the source (a reward function, a stage) and the sample
+    where known, and what to do. A ValueError, so that a backend reports it as a user error."""
+
+
 def default_aggregation(loss: str) -> str:
     """GRPO: a mean per sequence, then over sequences; PPO and DAPO: a mean over the step's tokens."""
     return "seq_mean_token_mean" if loss == "grpo" else "token_mean"

@@ -2,9 +2,12 @@
 ForwardModel and Judge roles of aspc/roles.py): `RewardScorer.score` sets each rollout's reward to
 the stage's exact weighted sum of its sources — a reward model's scalar, a judge's score
 (judge.py), and rule(...) / python(...) terms through the reward functions of rewards.py — with
-the learner's overlong shaping."""
+the learner's overlong shaping. A source's score that is NaN or infinite stops the step with a
+NonFiniteError naming the source and the sample (on a judge's stage, aspc/drivers/local/scoring.py
+takes it as a failed call: the sample is masked with the judge's fallback reward)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +17,8 @@ from aspc.backends.cpu.call_batching import BatchedCalls
 from aspc.backends.cpu.judge import CpuJudge
 from aspc.backends.cpu.losses import overlong_penalty
 from aspc.backends.cpu.reward_model import RewardModel
-from aspc.backends.cpu.rewards import RULES, RewardError, load_callable
+from aspc.backends.cpu.rewards import (RULES, RewardError, load_callable, non_finite_reward, sample_text,
+                                      score_one)
 from aspc.backends.cpu.tokenizer import decode
 
 
@@ -29,19 +33,30 @@ class RewardScorer:
     as the ForwardModel (`score`) and the Judge (`judge`) role alike."""
 
     def __init__(self, terms: list[tuple[object, float]], shaping: Shaping):
-        self.terms, self.shaping = terms, shaping  # (a term with .scores(rollouts), weight)
+        self.terms, self.shaping = terms, shaping  # (a term with .source and .scores(rollouts), weight)
 
     @torch.no_grad()
     def score(self, rollouts: list) -> None:
         totals = [0.0] * len(rollouts)
         for term, weight in self.terms:
-            totals = [t + weight * float(s) for t, s in zip(totals, term.scores(rollouts))]
+            totals = [t + weight * s for t, s in zip(totals, finite_scores(term, rollouts))]
         for r, total in zip(rollouts, totals):
             r.task_reward = r.reward = total
             if self.shaping.overlong:
                 r.reward += overlong_penalty(len(r.response), self.shaping.max_tokens, self.shaping.overlong)
 
     judge = score
+
+
+def finite_scores(term, rollouts: list) -> list[float]:
+    """The term's scores of the rollouts; NonFiniteError naming the term and the first sample
+    whose score is NaN or infinite."""
+    scores = [float(s) for s in term.scores(rollouts)]
+    for r, value in zip(rollouts, scores):
+        if not math.isfinite(value):
+            source = getattr(term, "source", type(term).__name__)
+            raise non_finite_reward(value, source, sample_text(r.prompt_text, decode(r.response)))
+    return scores
 
 
 class JudgeScorer:
@@ -54,27 +69,20 @@ class JudgeScorer:
 
 
 class _ModelTerm:
-    def __init__(self, model: RewardModel):
-        self.model = model
+    def __init__(self, model: RewardModel, source: str):
+        self.model, self.source = model, source
 
     def scores(self, rollouts: list) -> list[float]:
         return self.model([(r.prompt, r.response) for r in rollouts]).tolist()
 
 
 class _FunctionTerm:
-    def __init__(self, function):
-        self.function = function
+    def __init__(self, function, source: str):
+        self.function, self.source = function, source
 
     def scores(self, rollouts: list) -> list[float]:
-        return [self._call(r, decode(r.response)) for r in rollouts]
-
-    def _call(self, r, text: str) -> float:
-        try:
-            return float(self.function(r.prompt_text, text, r.answer, r.metadata))
-        except Exception as error:  # a user's function: report it with the sample
-            name = getattr(self.function, "__name__", self.function)
-            raise RewardError(f"reward {name} failed on prompt {r.prompt_text!r}, response {text!r}: "
-                              f"{type(error).__name__}: {error}") from None
+        return [score_one(self.function, (r.prompt_text, decode(r.response), r.answer, r.metadata), self.source)
+                for r in rollouts]
 
 
 def build_terms(sources, models: dict, base_dir: Path | None) -> list[tuple[object, float]]:
@@ -84,13 +92,14 @@ def build_terms(sources, models: dict, base_dir: Path | None) -> list[tuple[obje
     terms = []
     for source in sources:
         if source.func == "model":
-            term = _ModelTerm(models[source.get("model")])
+            term = _ModelTerm(models[source.get("model")], f"model({source.get('model')})")
         elif source.func == "judge":
             term = CpuJudge(models[source.get("model")], source.get("prompt"), source.get("read"))
+            term.source = f"judge({source.get('model')})"
         elif source.func == "rule":
-            term = _FunctionTerm(RULES[source.get("name")])
+            term = _FunctionTerm(RULES[source.get("name")], f'rule("{source.get("name")}")')
         elif source.func == "python":
-            term = _FunctionTerm(load_callable(source.get("function"), base_dir))
+            term = _FunctionTerm(load_callable(source.get("function"), base_dir), f'python("{source.get("function")}")')
         else:
             raise RewardError(f"the CPU backend does not execute {source.func}(...) sources yet")
         terms.append((term, source.get("weight")))
