@@ -95,10 +95,14 @@ def test_the_cpu_backend_refuses_hermes_calls(aspc, tmp_path):
     assert result.exit_code == 1 and "compact tool calls only" in result.output and "Traceback" not in result.output
 
 
-def test_agentic_rl_raises_accuracy_with_tools_and_makes_the_calls_right():
+def test_agentic_rl_raises_accuracy_with_tools_and_makes_the_calls_right(monkeypatch):
     """The acceptance test: after a warm start that shows the call format, RL raises the greedy
-    held-out accuracy (verified final answers) and the fraction of calls that get the right number."""
-    before, after, result, runtime = verified_accuracy_over_a_run(PIPELINE, steps=40, warmstart=800)
+    held-out accuracy (verified final answers) and the fraction of calls that get the right number.
+    The pipeline is named as the README names it, relative to the repository root (its tool module
+    is found beside it although the sandbox runs each call in a scratch folder)."""
+    monkeypatch.chdir(ROOT)
+    relative = PIPELINE.relative_to(ROOT)
+    before, after, result, runtime = verified_accuracy_over_a_run(relative, steps=40, warmstart=800)
     calls_after = runtime.executors.evaluate_episodes(256)
     assert after > before + 0.1, f"greedy verified accuracy with tools {before:.3f} -> {after:.3f}"
     assert calls_after["right_calls"] > 0.9 and calls_after["called"] > 0.95

@@ -162,11 +162,16 @@ def inspect(file, output_dir, overrides, schedule, pipeline) -> None:
               help="Training steps to simulate.")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
               help="Write a Chrome trace-event file (open it in Perfetto).")
+@click.option("--trace-detail", type=click.Choice(["small", "full"]), default="small", show_default=True,
+              help="With --trace: small merges each generation instance's contiguous decode segments into one "
+                   "span (its name gives the useful/tail/padding shares) and names tool calls without their "
+                   "sample (a few MB; the same rows); full writes every segment and call (tens of MB for a "
+                   "large plan).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
               help="Write a PNG: timeline and bubble breakdown.")
 @_pass_options
-def simulate(file, compare, best_layout, show_baseline, steps, trace_path, plot_path, overrides, schedule,
-             pipeline) -> None:
+def simulate(file, compare, best_layout, show_baseline, steps, trace_path, trace_detail, plot_path, overrides,
+             schedule, pipeline) -> None:
     """Predict throughput and the bubble breakdown of FILE on its cluster."""
     from aspc.drivers.sim.report import baseline_note, compare_table, summary
     from aspc.controller.kinds import refusals
@@ -197,7 +202,7 @@ def simulate(file, compare, best_layout, show_baseline, steps, trace_path, plot_
     click.echo(compare_table(results) if compare else summary(results[0]), nl=False)
     if compare and baseline.reason:
         click.echo(baseline_note(baseline.reason))
-    _write_pictures([r for r in results if r.schedule in SCHEDULES], trace_path, plot_path)
+    _write_pictures([r for r in results if r.schedule in SCHEDULES], trace_path, plot_path, trace_detail)
 
 
 main.add_command(report_command)  # aspc report: the HTML page of a file's schedules (aspc/cli/report.py)
@@ -324,6 +329,9 @@ def _simulate_baseline(baseline: _Baseline, steps: int) -> list:
               help="Save checkpoints (weights, optimizer state) in this folder.")
 @click.option("--checkpoint-every", type=click.IntRange(1, 1_000_000), default=10, show_default=True,
               help="Steps between checkpoints (the last step is always saved).")
+@click.option("--keep", type=click.IntRange(0, 1_000_000), default=3, show_default=True,
+              help="Step checkpoints to keep in --checkpoint, the newest; older ones are deleted once a newer "
+                   "one is written (0: keep all).")
 @click.option("--resume", is_flag=True, help="Continue from the newest intact checkpoint in --checkpoint.")
 @click.option("--threads", type=click.IntRange(1, 1024), default=None,
               help="torch threads per worker [default: $ASPC_TORCH_THREADS, else the cores shared among "
@@ -335,13 +343,13 @@ def _simulate_baseline(baseline: _Baseline, steps: int) -> list:
                                                "environment a cluster operator would launch.")
 @_pass_options
 def run(file, backend, runtime, address, steps, warmstart_steps, seed, metrics_path, trace_path, checkpoint_dir,
-        checkpoint_every, resume, threads, workers, dry_run, overrides, schedule, pipeline) -> None:
+        checkpoint_every, keep, resume, threads, workers, dry_run, overrides, schedule, pipeline) -> None:
     """Train FILE for real: the CPU backend on this machine's cores (or, with --backend ascend
     --dry-run, print the NPU cluster's launch commands). Exit 0 when done, 1 on an error, 130 on Ctrl-C."""
     from aspc.cli.run import RunRequest, run_training
 
     request = RunRequest(file, steps, warmstart_steps, seed, metrics_path, trace_path, checkpoint_dir,
-                         checkpoint_every, resume, runtime, address, threads, workers)
+                         checkpoint_every, resume, runtime, address, threads, workers, keep or None)
     if backend == "ascend":
         _run_ascend(file, overrides, schedule, pipeline, dry_run, request)
         return
@@ -524,13 +532,13 @@ def _advance(bar):
     return on_version
 
 
-def _write_pictures(results, trace_path, plot_path) -> None:
+def _write_pictures(results, trace_path, plot_path, trace_detail: str = "small") -> None:
     from aspc.drivers.sim.plot import write_plot
     from aspc.accounting.trace import write_trace
 
     try:
         if trace_path:
-            write_trace(Path(trace_path), {r.schedule: r.spans for r in results})
+            write_trace(Path(trace_path), {r.schedule: r.spans for r in results}, trace_detail)
             click.echo(f"wrote {trace_path}")
         if plot_path:
             write_plot(Path(plot_path), results)  # every schedule's timeline

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +56,7 @@ class RunRequest:
     address: str | None = None
     threads: int | None = None
     workers: str = "processes"
+    keep: int | None = 3  # step checkpoints kept (the newest); None: all
 
 
 def run_training(request: RunRequest, plan: ExecutionPlan, executors: ExecutorsFactory) -> None:
@@ -73,7 +75,9 @@ def run_training(request: RunRequest, plan: ExecutionPlan, executors: ExecutorsF
     progress = _Progress(request.steps, request.warmstart_steps, plan.schedule)
     options = RunOptions(request.steps, request.warmstart_steps, metrics, request.seed, progress.on_step,
                          progress.on_warmstart, Path(request.checkpoint_dir) if request.checkpoint_dir else None,
-                         request.checkpoint_every, request.resume, request.threads, request.workers)
+                         request.checkpoint_every, request.resume, request.threads, request.workers,
+                         keep=request.keep)
+    options.on_warning = progress.warn  # aspc/controller/health.py's checks, printed as they fire
     session = _Session(request, plan, options, progress, executors)
     try:
         result = session.train()
@@ -88,7 +92,7 @@ def run_training(request: RunRequest, plan: ExecutionPlan, executors: ExecutorsF
         sys.exit(130)
     if result is not None:
         progress.close()
-        _report(result, session.runtime, metrics, request.trace_path, plan)
+        _report(result, session.runtime, metrics, request.trace_path, plan, session.held_out_line())
 
 
 class _Session:
@@ -99,6 +103,8 @@ class _Session:
         self.executors = executors
         self.runtime = None
         self.phase = "starting"
+        self.verifier = None  # what decides a held-out answer is right (None: no held-out figure)
+        self.accuracy_before = None
 
     def train(self):
         self.runtime = _runtime(self.request.runtime_kind, self.plan, Path(self.request.file).parent,
@@ -120,8 +126,38 @@ class _Session:
                        f"{self.runtime.start_version} and --steps is {self.request.steps}; nothing to train "
                        "(raise --steps to continue training)", err=True)
             return None
+        self._measure_before()
         self.phase = "training"
         return self.runtime.run()
+
+    def _measure_before(self) -> None:
+        """The held-out verified accuracy the RL steps start from (after the warm start, or at
+        the resumed checkpoint), on the CPU backend's local runtime only (Ray actors keep the trained
+        weights). Agentic episodes run their calls on the tools, made anew after the run closed them."""
+        cpu = getattr(self.executors, "platform", "cpu") == "cpu"
+        if not cpu or self.request.runtime_kind != "local":
+            return
+        self.verifier = verifier_of(self.plan)
+        if self.verifier is not None:
+            self.phase = "the held-out evaluation"
+            self.accuracy_before = self.runtime.accuracy(HELD_OUT_PROMPTS)
+
+    def held_out_line(self) -> str | None:
+        """`held-out accuracy ...: 0.242 after the warm start -> 0.305 after step 20`, measured now."""
+        if self.verifier is None:
+            return None
+        try:
+            after = self.runtime.accuracy(HELD_OUT_PROMPTS)
+        finally:
+            close = getattr(self.runtime.executors, "close", None)  # the tool runners an agentic evaluation made
+            if close is not None:
+                close()
+        start = self.runtime.start_version
+        before = f"at step {start}" if start else "after the warm start" if self.request.warmstart_steps else \
+            "before RL"
+        return (f"held-out accuracy (greedy, {HELD_OUT_PROMPTS} prompts no step trains on, verified by "
+                f"{self.verifier}): {self.accuracy_before:.3f} {before} -> {after:.3f} after step "
+                f"{self.request.steps}")
 
     def salvage(self) -> str:
         """Stop the workers and keep every finished step (metrics rows, a checkpoint); returns
@@ -156,12 +192,36 @@ class _Session:
             write_trace(Path(self.request.trace_path), _trace_runs(runtime, runtime.spans(), self.plan))
 
 
-class _Progress:
-    """The warm start's bar, then the RL steps' bar with reward, tokens/s, staleness and bubbles."""
+HELD_OUT_PROMPTS = 128  # greedy answers for the held-out accuracy (a second or two on a tiny model)
 
-    def __init__(self, steps: int, warmstart_steps: int, schedule: str):
+
+def verifier_of(plan: ExecutionPlan) -> str | None:
+    """What the CPU backend's held-out accuracy (`accuracy`) counts a right answer by, in words:
+    the reward's rules, or beside a learned reward or a judge its first rule, else exact match
+    with the data's answers. None: a python(...) source is part of the reward, which need not
+    know a right answer."""
+    sources = dict(plan.stages_of("reward")[0].options)["sources"]
+    rules = [f"rule {s.get('name')}" for s in sources if s.func == "rule"]
+    if any(s.func in ("model", "judge") for s in sources):
+        return rules[0] if rules else "exact match with the data's answers"
+    return " + ".join(rules) if rules and len(rules) == len(sources) else None
+
+
+LOG_EVERY_S = 10.0  # without a bar (stderr is not a terminal): a progress line this often
+
+
+class _Progress:
+    """The warm start's bar, then the RL steps' bar with reward, tokens/s, staleness and bubbles.
+    Without a terminal (a log file) the bars are off: a line every `log_every` seconds instead,
+    and one at the end of each phase."""
+
+    def __init__(self, steps: int, warmstart_steps: int, schedule: str, log_every: float = LOG_EVERY_S,
+                 clock=time.monotonic):
         from tqdm import tqdm
 
+        self.steps, self.schedule = steps, schedule
+        self.log_every, self.clock = log_every, clock
+        self.phase_start = self.last_line = clock()
         self.warm = tqdm(total=warmstart_steps, desc="warm start", unit="step", disable=None, file=sys.stderr,
                          leave=False)
         self.bar = None
@@ -173,14 +233,19 @@ class _Progress:
         self.runtime = None
 
     def on_warmstart(self, step: int, loss: float) -> None:
+        if step == 0:  # the phase's clock starts at its first step (building the runtime came before)
+            self.phase_start = self.last_line = self.clock()
         if step == 0 and self.warm.disable:  # a line for logs, where there is no bar
             click.echo(f"warm start: {self.warm.total} supervised steps before RL", err=True)
         self.last_loss, self.warm_steps = loss, step + 1
         self.warm.update(1)
         self.warm.set_postfix(loss=f"{loss:.3f}")
+        if self.warm.disable and self._line_due():  # its last line: warm_done's
+            self._log_line("warm start", step + 1, self.warm.total, 1, f"loss {loss:.3f}")
 
     def warm_done(self, seconds: float) -> None:
         self.warm.close()
+        self.phase_start = self.last_line = self.clock()  # the RL phase's clock starts
         if self.last_loss is not None:
             click.echo(f"warm start: {self.warm_steps} steps in {seconds:.1f} s, loss {self.last_loss:.3f}", err=True)
 
@@ -192,11 +257,43 @@ class _Progress:
         self.bar.update(1)
         self.bar.set_postfix(reward=f"{m.get('reward', 0):.3f}", tok_s=f"{m.get('tokens_per_s', 0):.0f}",
                              stale=f"{m['staleness_mean']:.2f}", bubble=f"{100 * self.bubble:.0f}%")
+        if self.bar.disable and self._line_due(step == self.steps):
+            self._log_line(self.schedule, step, self.steps, self.done_before,
+                           f"reward {m.get('reward', 0):.3f}, {m.get('tokens_per_s', 0):.0f} tok/s")
+
+    def _line_due(self, last: bool = False) -> bool:
+        """A log line is due: `log_every` seconds since the last one, or the phase's last step."""
+        return last or self.clock() - self.last_line >= self.log_every
+
+    def _log_line(self, phase: str, done: int, total: int, before: int, figures: str) -> None:
+        """`asp: step 12/100, reward 0.412, 1234 tok/s, 30 s elapsed, ETA 3 min 40 s`."""
+        now = self.clock()
+        self.last_line = now
+        elapsed = now - self.phase_start
+        rate = (done - before) / elapsed if elapsed > 0 else 0.0
+        eta = f", ETA {_duration((total - done) / rate)}" if rate > 0 and done < total else ""
+        click.echo(f"{phase}: step {done}/{total}, {figures}, {_duration(elapsed)} elapsed{eta}", err=True)
+
+    def warn(self, message: str) -> None:
+        """A warning of the run's health checks, printed above the bar (or as a plain line in logs)."""
+        from tqdm import tqdm
+
+        tqdm.write(message, file=sys.stderr)
 
     def close(self) -> None:
         self.warm.close()
         if self.bar is not None:
             self.bar.close()
+
+
+def _duration(seconds: float) -> str:
+    """42 s, 3 min 05 s, 1 h 02 min."""
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
 
 
 def _runtime(kind: str, plan, base_dir: Path, options: RunOptions, executors: ExecutorsFactory, address):
@@ -225,7 +322,7 @@ def _trace_runs(runtime, spans, plan) -> dict:
             plan.schedule: shifted(spans, warm)}
 
 
-def _report(result, runtime, metrics: Path, trace_path, plan) -> None:
+def _report(result, runtime, metrics: Path, trace_path, plan, held_out: str | None = None) -> None:
     rows = result.metrics
     if not rows:
         return
@@ -239,6 +336,8 @@ def _report(result, runtime, metrics: Path, trace_path, plan) -> None:
     agentic = bool(plan.stages_of("environment"))
     shown = {c: v for c, v in shares.items() if c != "tool_wait" or agentic}
     click.echo("worker time: " + "  ".join(f"{c} {100 * v:.1f}%" for c, v in shown.items()))
+    if held_out:
+        click.echo(held_out)
     failed = sum(m.get("score_failed", 0) for m in rows)
     if failed:
         click.echo(f"judge: {failed} of {sum(m.get('samples', 0) for m in rows)} samples had a failed call "

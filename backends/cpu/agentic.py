@@ -28,8 +28,10 @@ class Tools:
         from aspc.backends.cpu.tool_runner import ToolRunner, ToolSpec
 
         options = dict(stage.options)
-        specs = [ToolSpec(t.get("name"), t.get("python"), t.get("command"), t.get("timeout"), t.get("env"),
-                          str(base_dir) if base_dir is not None else None) for t in options["tools"]]
+        # absolute: the sandbox changes into a scratch folder before it looks the tool's module up
+        folder = str(Path(base_dir).resolve()) if base_dir is not None else None
+        specs = [ToolSpec(t.get("name"), t.get("python"), t.get("command"), t.get("timeout"), t.get("env"), folder)
+                 for t in options["tools"]]
         self.runner = ToolRunner(specs, workers=options["tool_workers"])
         self.threads = futures.ThreadPoolExecutor(options["tool_workers"], thread_name_prefix="tool")
         self.environment = Environment(EpisodePolicy.of(stage), specs[0].name, options["max_tool_tokens"])

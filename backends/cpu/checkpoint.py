@@ -5,6 +5,11 @@ A checkpoint is written to a temporary folder and renamed into place, then the `
 replaced atomically, so a run killed at any moment leaves the previous checkpoint intact. Resuming
 does not trust `latest`: it walks the step folders from the newest down and takes the first whose
 files match their checksums, saying which ones it skipped and why.
+
+A file identical to one of an earlier checkpoint in the folder (the frozen reference, `model ref =
+frozen(actor)`, the same at every step) is a hard link to it, not a copy: the folder holds its bytes
+once, each step folder stays complete on its own (deleting any of them leaves the others intact), and
+resuming reads exactly the bytes that were saved. Where the file system has no hard links it is a copy.
 """
 from __future__ import annotations
 
@@ -47,6 +52,9 @@ def save(directory: Path, version: int, models: dict, optimizers: dict, extra: d
         if optimizer is not None:
             torch.save(optimizer.state_dict(), tmp / f"{name}.optimizer.pt")
     files = {p.name: _sha256(p) for p in sorted(tmp.iterdir())}
+    earlier = _earlier_files(directory, final.name)
+    for name, digest in files.items():
+        _link_identical(tmp / name, digest, earlier.get((name, digest)))
     manifest = {"version": version, **extra, "files": files}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
     shutil.rmtree(final, ignore_errors=True)
@@ -55,6 +63,36 @@ def save(directory: Path, version: int, models: dict, optimizers: dict, extra: d
     pointer.write_text(final.name)
     os.replace(pointer, directory / "latest")
     return final
+
+
+def _earlier_files(directory: Path, writing: str) -> dict[tuple[str, str], Path]:
+    """(file name, SHA-256) -> that file in an earlier step folder, from their manifests."""
+    found = {}
+    for _, path in sorted(step_folders(directory)):
+        if path.name == writing:
+            continue
+        try:
+            files = read_manifest(path).get("files")
+        except CheckpointError:
+            continue
+        if isinstance(files, dict):
+            found.update({(name, digest): path / name for name, digest in files.items()})
+    return found
+
+
+def _link_identical(file: Path, digest: str, earlier: Path | None) -> None:
+    """Replace `file` by a hard link to `earlier` (the same name and checksum in an earlier step
+    folder) when that one still holds those bytes; otherwise, or without hard links, keep the copy."""
+    if earlier is None or not earlier.is_file() or earlier.stat().st_size != file.stat().st_size:
+        return
+    if _sha256(earlier) != digest:  # damaged since it was written: a fresh copy is better
+        return
+    linked = file.with_name(file.name + ".link")
+    try:
+        os.link(earlier, linked)
+    except OSError:  # no hard links here (or another file system): the copy stays
+        return
+    os.replace(linked, file)
 
 
 def find_resume_point(directory: Path) -> ResumePoint | None:

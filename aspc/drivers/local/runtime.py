@@ -4,6 +4,7 @@ by the CLI). `aspc run --runtime local` (the default). On virtual time (virtual_
 threads run deterministically, which the differential test against the simulator relies on."""
 from __future__ import annotations
 
+import sys
 import threading
 import zlib
 from collections import deque
@@ -14,11 +15,13 @@ from typing import assert_never
 
 from aspc.accounting.measured import bubble_shares
 from aspc.controller import Controller, ControllerConfig
+from aspc.controller.health import ConstantReward, ToolHealth
 from aspc.controller.events import (Action, Checkpoint, Dispatch, Finished, InstanceIdle, MoveInstance, OptimizerStep,
                                     PublishWeights, RestartInstance, ResumeEpisode, RunTool, RunWork, Start,
                                     SwitchPool, SyncWeights, WeightsPublished, WorkFinished)
 from aspc.plan.execution_plan import ExecutionPlan
 from aspc.drivers.local.metrics_file import MetricsFile, interrupts_held
+from aspc.drivers.local.retention import prune
 from aspc.roles import ExecutorsFactory
 from aspc.drivers.local.scoring import GuardedJudge
 from aspc.drivers.local.threads import threads_per_worker
@@ -42,6 +45,8 @@ class RunOptions:
     resume: bool = False
     threads: int | None = None  # torch threads per worker; None: a share of the cores (threads.py)
     workers: str = "threads"  # "processes": generation instances and the learner in processes (processes.py)
+    keep: int | None = None  # step checkpoints kept, the newest; None: all (retention.py)
+    on_warning: object = None  # callback(message): a check of aspc/controller/health.py found a problem
 
 
 @dataclass
@@ -108,8 +113,11 @@ class LocalRuntime:
             engine = self.executors.generation_engine(i, self.config.instances)
             self.gen_workers.append(GenerationWorker(i, engine, self.weights, self.results, self.lock,
                                                      self.events, self.clock, self.calls))
+        self.tool_health = ToolHealth(self._warn)
+        self.constant_reward = ConstantReward(self._warn)
         self.tool_workers = [ToolWorker(k, self.executors.tools(), self.calls, self.tool_results, self.lock,
-                                        self.events, self.clock) for k in range(self.config.tool_workers)]
+                                        self.events, self.clock, self.tool_health)
+                             for k in range(self.config.tool_workers)]
         if self.options.workers == "processes" and not self.complete:  # complete: nothing will run in them
             self._start_processes()
         self.slots = self.gen_workers[0].generator.slots
@@ -203,8 +211,9 @@ class LocalRuntime:
         return self.executors.forward_model(stage, index).score
 
     def _warm_start(self) -> None:
-        """Before the workers exist the main thread may use every core it is given."""
-        self.executors.set_threads(threads_per_worker(1, self.options.threads))
+        """The warm start runs with a worker's share of the cores (threads.py), as the RL workers
+        do: on a loaded machine a thread per core ran it 1.9-3.6x slower than one thread (issue 36)."""
+        self.executors.set_threads(self.threads)
         start = self.clock()
         self.executors.warm_start(self.options.warmstart_steps, on_step=self.options.on_warmstart)
         self.warmstart_s = self.clock() - start
@@ -255,6 +264,7 @@ class LocalRuntime:
         self.executors.save_checkpoint(self.options.checkpoint_dir, version, models, optimizers,
                         {"pipeline": self.plan.pipeline, "schedule": self.plan.schedule,
                          "config": self._fingerprint()})
+        prune(self.executors.step_folders(self.options.checkpoint_dir), version, self.options.keep)
 
     def _load(self, path) -> int:
         models, optimizers = self._parts()
@@ -343,8 +353,16 @@ class LocalRuntime:
             self.metrics_file.append(metrics)
             self.recorded = step + 1
         self.result.metrics.append(metrics)
+        self.constant_reward.record(step + 1, metrics)
         if self.options.on_step is not None:
             self.options.on_step(step + 1, metrics)
+
+    def _warn(self, message: str) -> None:
+        """Tell the user now (the CLI prints above its progress bar); stderr without a CLI."""
+        if self.options.on_warning is not None:
+            self.options.on_warning(message)
+        else:
+            print(message, file=sys.stderr)
 
     def _staleness_of(self, step: int):
         starts = self.controller.gen.start_version

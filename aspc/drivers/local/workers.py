@@ -136,9 +136,12 @@ class GenerationWorker(Worker):
 class ToolWorker(Worker):
     """One of the environment's tool runners: runs the calls the controller hands it, one at a time."""
 
-    def __init__(self, index: int, tools, calls: dict, results: dict, lock, events, clock):
+    def __init__(self, index: int, tools, calls: dict, results: dict, lock, events, clock, health=None):
+        """`health`: the run's ToolHealth (aspc/controller/health.py): it warns about, and stops, a
+        tool that fails every call."""
         super().__init__(f"tools[{index}]", events, clock)
         self.index, self.tools, self.calls, self.results, self.lock = index, tools, calls, results, lock
+        self.health = health
 
     def loop(self) -> None:
         while True:
@@ -156,6 +159,8 @@ class ToolWorker(Worker):
             with self.lock:
                 self.results[sample] = result
             self.events.put(ToolReturned(sample, self.index, result.status))
+            if self.health is not None:  # after the event: a stopping run still has this call's episode
+                self.health.record(call.tool, result.status, result.observation)
 
 
 class _Crashed:

@@ -344,8 +344,8 @@ class Simulation:
         """The call runs on its runner for its drawn latency (capped at the tool's timeout)."""
         call = self.episode(a.sample).calls[self._calls_done.get(a.sample, 0)]
         end = self.now + call.seconds
-        self.ledger.spans.append(Span(f"tools[{a.runner}]", self.now, end, "tool",
-                                      f"{call.tool} (sample {'/'.join(map(str, a.sample))})"))
+        self.ledger.spans.append(Span(f"tools[{a.runner}]", self.now, end, "tool", call.tool,
+                                      f"sample {'/'.join(map(str, a.sample))}"))
         self.tool_calls += a.sample[0] < self.steps
         self.at(end, "tool", a.runner, a.sample)
 
