@@ -18,6 +18,7 @@ from aspc.controller.config import UnsupportedPlan
 from aspc.plan.execution_plan import ExecutionPlan
 from aspc.accounting.measured import bubble_shares
 from aspc.drivers.local.runtime import LocalRuntime, RunOptions
+from aspc.drivers.local.run_lock import FolderInUse, RunLock
 from aspc.roles import ExecutorsFactory
 from aspc.drivers.local.workers import WorkerFailed
 from aspc.accounting.trace import Span, shifted, write_trace
@@ -60,7 +61,28 @@ class RunRequest:
 
 
 def run_training(request: RunRequest, plan: ExecutionPlan, executors: ExecutorsFactory) -> None:
-    """Train `plan` with the backend's executors (the CLI passes the CPU or the Ascend factory)."""
+    """Train `plan` with the backend's executors (the CLI passes the CPU or the Ascend factory),
+    its metrics and checkpoint folders locked against a second run (aspc/drivers/local/run_lock.py)."""
+    metrics = Path(request.metrics_path) if request.metrics_path else \
+        Path("runs") / f"{plan.pipeline}-{plan.schedule}" / "metrics.jsonl"
+    _refuse_unrunnable(request, plan, executors)
+    folders = [metrics.parent] + ([Path(request.checkpoint_dir)] if request.checkpoint_dir else [])
+    lock = RunLock(folders)
+    try:
+        lock.acquire()
+    except FolderInUse as error:
+        raise click.ClickException(f"{request.file}: {error}") from None
+    except OSError as error:
+        raise click.ClickException(f"{request.file}: cannot lock the run's folder: {error}") from None
+    for note in lock.notes:
+        click.echo(note, err=True)
+    try:
+        _train(request, plan, executors, metrics)
+    finally:
+        lock.release()
+
+
+def _refuse_unrunnable(request: RunRequest, plan: ExecutionPlan, executors: ExecutorsFactory) -> None:
     if getattr(executors, "platform", "cpu") == "cpu":
         check_cpu_plan(request.file, plan)
     if request.resume and request.checkpoint_dir is None:
@@ -70,8 +92,9 @@ def run_training(request: RunRequest, plan: ExecutionPlan, executors: ExecutorsF
         raise click.ClickException(f"{request.file}: stage '{environments[0].name}' runs agentic episodes, which "
                                    "the Ray runtime does not drive yet (their tool calls run on the local runtime's "
                                    "tool runners); run it with --runtime local")
-    metrics = Path(request.metrics_path) if request.metrics_path else \
-        Path("runs") / f"{plan.pipeline}-{plan.schedule}" / "metrics.jsonl"
+
+
+def _train(request: RunRequest, plan: ExecutionPlan, executors: ExecutorsFactory, metrics: Path) -> None:
     progress = _Progress(request.steps, request.warmstart_steps, plan.schedule)
     options = RunOptions(request.steps, request.warmstart_steps, metrics, request.seed, progress.on_step,
                          progress.on_warmstart, Path(request.checkpoint_dir) if request.checkpoint_dir else None,
