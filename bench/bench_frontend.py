@@ -1,7 +1,8 @@
 """Front-end speed: parse + check + lower of the largest bundled pipeline and of a generated
 5,000-line pipeline, and `aspc check` end to end (a fresh process, warnings rendered) on generated
-programs of about 0.5 MB and 2 MB, to show that its time grows linearly with the file. Prints
-Markdown tables; figures go to bench/RESULTS.md.
+programs of about 0.5 MB and 2 MB, to show that its time grows linearly with the file, and on 2 MB
+programs with a pool and a Python reward per chain (issue 37: module look-ups and pools scale too).
+Prints Markdown tables; figures go to bench/RESULTS.md.
 
     python bench/bench_frontend.py
 """
@@ -38,6 +39,23 @@ stage update{i} = train(actor{i}, gen{i}, ref_lp{i}, adv{i}) {{
 UNUSED = 'stage probe{i} = reward(gen{i}, rule = "exact_match")\n'
 CHECK_SIZES_MB = (0.5, 2.0)
 
+# Issue 37's shape: a pool per chain and a reward in Python beside the .aspl, either one module
+# with a function per chain or a module per chain.
+POOLED_CHAIN = """\
+pool p{i} = cpu x 2
+model actor{i} = custom {{ layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 32 }}
+model ref{i} = frozen(actor{i})
+data prompts{i} = synthetic("arith") {{ prompts_per_step = 16, group = 4,
+  max_prompt = 16, max_response = 24 }}
+stage gen{i} = generate(actor{i}, prompts{i}) on p{i} {{ instances = 1, temperature = 1.0 }}
+stage score{i} = reward(gen{i}, python = "{module}:score{i}")
+stage ref_lp{i} = reference(ref{i}, gen{i}) on p{i}
+stage adv{i} = advantage(score{i}) {{ estimator = grpo }}
+stage update{i} = train(actor{i}, gen{i}, ref_lp{i}, adv{i}) on p{i} {{
+  loss = grpo, lr = 3e-4, kl = 0.01, micro_tokens = 1k }}
+"""
+SCORE = "def score{i}(prompt, response, answer, metadata):\n    return 0.0\n"
+
 
 def generated_pipeline(lines: int) -> str:
     head = "pipeline generated\npool cpu = cpu x 2\n"
@@ -50,6 +68,20 @@ def generated_with_warnings(megabytes: float) -> str:
     chain = CHAIN + UNUSED
     chains = max(1, round(megabytes * 1e6 / len(chain.format(i=1000))))
     return "pipeline generated\npool cpu = cpu x 2\n" + "".join(chain.format(i=i) for i in range(chains))
+
+
+def write_with_python_rewards(megabytes: float, folder: Path, module_per_chain: bool) -> Path:
+    """A valid program of about this size, a pool and a Python reward per chain, and its modules."""
+    chains = max(1, round(megabytes * 1e6 / len(POOLED_CHAIN.format(i=1000, module="chain_rewards"))))
+    module = [f"chain_rewards{i}" if module_per_chain else "chain_rewards" for i in range(chains)]
+    if module_per_chain:
+        for i in range(chains):
+            (folder / f"{module[i]}.py").write_text(SCORE.format(i=i))
+    else:
+        (folder / "chain_rewards.py").write_text("".join(SCORE.format(i=i) for i in range(chains)))
+    path = folder / "python_rewards.aspl"
+    path.write_text("pipeline generated\n" + "".join(POOLED_CHAIN.format(i=i, module=module[i]) for i in range(chains)))
+    return path
 
 
 def check_seconds(path: Path, repeat: int) -> tuple[float, int]:
@@ -69,15 +101,25 @@ def check_table(repeat: int = 3) -> list[str]:
             "|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as folder:
         for megabytes in CHECK_SIZES_MB:
-            text = generated_with_warnings(megabytes)
             path = Path(folder) / f"generated_{megabytes}mb.aspl"
-            path.write_text(text)
-            seconds, printed = check_seconds(path, repeat)
-            size = len(text.encode()) / 1e6
-            rows.append(f"| generated, one unused stage per chain | {size:.2f} MB | {text.count(chr(10))} "
-                        f"| {text.count('stage probe')} | {seconds:.2f} s | {seconds / size:.2f} s "
-                        f"| {printed / 1e3:.1f} kB |")
+            path.write_text(generated_with_warnings(megabytes))
+            rows.append(check_row("generated, one unused stage per chain", path, "stage probe", repeat))
+    for module_per_chain in (False, True):
+        with tempfile.TemporaryDirectory() as folder:
+            path = write_with_python_rewards(2.0, Path(folder), module_per_chain)
+            modules = "a module per chain" if module_per_chain else "one module"
+            # each pool's one stage uses 1 of its 2 devices: one idle-device warning per pool
+            rows.append(check_row(f"a pool and a Python reward per chain ({modules})", path, "pool p", repeat))
     return rows
+
+
+def check_row(program: str, path: Path, warned: str, repeat: int) -> str:
+    """A row of the check table; `warned` is the text written once per expected warning."""
+    seconds, printed = check_seconds(path, repeat)
+    text = path.read_text()
+    size = len(text.encode()) / 1e6
+    return (f"| {program} | {size:.2f} MB | {text.count(chr(10))} | {text.count(warned)} | {seconds:.2f} s "
+            f"| {seconds / size:.2f} s | {printed / 1e3:.1f} kB |")
 
 
 def median_seconds(text: str, file: str, base_dir: Path | None, repeat: int) -> float:

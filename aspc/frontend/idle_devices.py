@@ -13,8 +13,9 @@ _GROWS_BY_DP = (StageKind.TRAIN, StageKind.CRITIC)  # one job each: more data pa
 
 
 def warn_idle_devices(graph: StageGraph, sink: DiagnosticSink) -> None:
+    on_pool = _stages_by_pool(graph)
     for pool in graph.pools.values():
-        stages = [s for s in graph.stages() if s.pool == pool.name]
+        stages = on_pool.get(pool.name, [])
         if not stages:
             sink.warning(pool.span, f"no stage runs on pool '{pool.name}': its {pool.count} devices stay idle",
                          f"place a stage on it with `on {pool.name}`, or remove it")
@@ -22,6 +23,14 @@ def warn_idle_devices(graph: StageGraph, sink: DiagnosticSink) -> None:
             _side_by_side(pool, stages, sink)
         else:
             _time_shared(pool, stages, sink)
+
+
+def _stages_by_pool(graph: StageGraph) -> dict[str, list[Stage]]:
+    """Each pool's stages in stage order, in one pass (a pass per pool was quadratic: issue 37)."""
+    on_pool: dict[str, list[Stage]] = {}
+    for stage in graph.stages():
+        on_pool.setdefault(stage.pool, []).append(stage)
+    return on_pool
 
 
 def _side_by_side(pool: PoolSpec, stages: list[Stage], sink: DiagnosticSink) -> None:

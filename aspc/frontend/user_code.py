@@ -3,20 +3,27 @@
 A module is looked up in the folder of the .aspl file first, as Python looks in a script's folder,
 then among the installed modules. `aspc check` imports it to find the function, and the runtime
 loads it the same way, so a module beside the .aspl works without setting PYTHONPATH.
+
+A lookup of a module that is already imported for this folder (or installed) returns it without
+touching the search path, as Python itself would. Python's import caches (the directory listings
+of sys.path) are cleared at the first search in a folder, so a module written after the process
+started is found the first time it is asked for; a search that misses later in the same folder
+clears them again and searches once more, so a module written after an earlier lookup there is
+found too. Clearing them for every lookup made a check of many modules quadratic (issue 37).
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from aspc.frontend.diagnostics import did_you_mean
 
 _LOADED: dict[str, str] = {}  # top-level module name -> the folder we loaded it from
+_SEARCHED: set[str] = set()  # folders whose first search cleared the import caches
 
 
 class UserCodeError(Exception):
@@ -40,34 +47,57 @@ def load_function(spec: str, base_dir: Path | None) -> Callable:
 
 def load_module(name: str, base_dir: Path | None) -> ModuleType:
     """The module, imported with `base_dir` first on the search path; UserCodeError if it fails."""
-    with _search_first(base_dir):
-        _forget_if_from_elsewhere(name.partition(".")[0], base_dir)
-        if _find(name) is None:
-            raise UserCodeError(f"cannot find Python module '{name}'", _where_hint(name, base_dir))
-        module = _import(name)
-    _remember(name.partition(".")[0], base_dir)
+    top = name.partition(".")[0]
+    folder = str(Path(base_dir).resolve()) if base_dir is not None else None
+    _forget_if_from_elsewhere(top, folder)
+    module = _imported(name) or _search(name, folder)
+    if module is None:
+        raise UserCodeError(f"cannot find Python module '{name}'", _where_hint(name, base_dir))
+    _remember(top, folder)
     return module
 
 
-@contextmanager
-def _search_first(base_dir: Path | None) -> Iterator[None]:
-    """The .aspl's folder first on the module search path while a module is imported."""
-    if base_dir is None:
-        yield
-        return
-    folder = str(Path(base_dir).resolve())
+def _imported(name: str) -> ModuleType | None:
+    """The module if it is imported already: a search would return it without reading the search
+    path (find_spec and import_module look in sys.modules first)."""
+    module = sys.modules.get(name)
+    if module is None or getattr(module, "__spec__", None) is None:
+        return None  # the search reports these as not found
+    return module
+
+
+def _search(name: str, folder: str | None) -> ModuleType | None:
+    """The module imported with the .aspl's folder first on the search path; None if not found."""
+    if folder is None:
+        return _find_and_import(name, cleared=True)
     sys.path.insert(0, folder)
-    importlib.invalidate_caches()  # the module may have been written after this process started
     try:
-        yield
+        return _find_and_import(name, cleared=_clear_at_first_search(folder))
     finally:
         sys.path.remove(folder)
 
 
-def _forget_if_from_elsewhere(top: str, base_dir: Path | None) -> None:
+def _clear_at_first_search(folder: str) -> bool:
+    """Whether the import caches were cleared now: the module may have been written after this
+    process started (or listed the folder)."""
+    if folder in _SEARCHED:
+        return False
+    importlib.invalidate_caches()
+    _SEARCHED.add(folder)
+    return True
+
+
+def _find_and_import(name: str, cleared: bool) -> ModuleType | None:
+    spec = _find(name)
+    if spec is None and not cleared:  # written since the folder's first search, perhaps
+        importlib.invalidate_caches()
+        spec = _find(name)
+    return _import(name) if spec is not None else None
+
+
+def _forget_if_from_elsewhere(top: str, folder: str | None) -> None:
     """A module of the same name that we loaded for another .aspl folder is dropped, so that each
     pipeline gets the module beside it (never an installed module: those stay)."""
-    folder = str(Path(base_dir).resolve()) if base_dir is not None else None
     if top not in _LOADED or _LOADED[top] == folder:
         return
     for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
@@ -75,11 +105,10 @@ def _forget_if_from_elsewhere(top: str, base_dir: Path | None) -> None:
     del _LOADED[top]
 
 
-def _remember(top: str, base_dir: Path | None) -> None:
+def _remember(top: str, folder: str | None) -> None:
     module = sys.modules.get(top)
-    if base_dir is None or module is None:
+    if folder is None or module is None:
         return
-    folder = str(Path(base_dir).resolve())
     if _origin(module).startswith(folder):
         _LOADED[top] = folder
 
