@@ -102,3 +102,13 @@ def test_idle_device_warnings_name_each_pools_own_stages_in_stage_order():
     assert idle == ["no stage runs on pool 'empty': its 2 devices stay idle"] + [
         f"stages 'gen{k}', 'gen{k + 3}', 'update{k}', 'update{k + 3}' side by side use 1 + 1 + 1 + 1 = 4 "
         f"of the 8 devices of pool 'p{k}'; the other 4 stay idle" for k in range(3)]
+
+
+def test_a_pool_shared_by_many_stages_names_the_first_few_and_counts_the_rest():
+    """The 2 MB program's one warning named all 9,062 stages of its pool (117 kB of output)."""
+    chains = "".join(CHAIN.format(i=i, pool=0) for i in range(12))
+    warnings = compile_source(POOLS.format(pools="pool p0 = cpu x 64", chains=chains)).warnings
+    [shared] = [w.message for w in warnings if "pool 'p0'" in w.message]
+    assert shared.startswith("stages 'gen0', 'gen1', ")
+    assert "and 16 more side by side use 24 of the 64 devices" in shared
+    assert "'update11'" not in shared

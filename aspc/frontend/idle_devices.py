@@ -10,6 +10,7 @@ from aspc.frontend.diagnostics import DiagnosticSink
 from aspc.ir.graph import PoolSpec, Stage, StageGraph, StageKind
 
 _GROWS_BY_DP = (StageKind.TRAIN, StageKind.CRITIC)  # one job each: more data parallelism, not instances
+MOST_NAMED = 8  # stage names a warning lists before "and N more"
 
 
 def warn_idle_devices(graph: StageGraph, sink: DiagnosticSink) -> None:
@@ -44,9 +45,9 @@ def _side_by_side(pool: PoolSpec, stages: list[Stage], sink: DiagnosticSink) -> 
                                  f"'{pool.name}' ({_layout(stage)}); the other {idle} stay idle",
                      _grow_hint(stage, pool))
         return
-    names = ", ".join(f"'{s.name}'" for s in stages)
-    sizes = " + ".join(str(s.devices) for s in stages)
-    sink.warning(pool.span, f"stages {names} side by side use {sizes} = {used} of the {pool.count} devices of "
+    names = _named(stages)
+    sizes = " + ".join(str(s.devices) for s in stages) + " = " if len(stages) <= MOST_NAMED else ""
+    sink.warning(pool.span, f"stages {names} side by side use {sizes}{used} of the {pool.count} devices of "
                             f"pool '{pool.name}'; the other {idle} stay idle",
                  f"give them more instances or parallelism, or make the pool {used} devices")
 
@@ -55,11 +56,17 @@ def _time_shared(pool: PoolSpec, stages: list[Stage], sink: DiagnosticSink) -> N
     largest = max(stages, key=lambda s: s.devices)
     if largest.devices == pool.count:
         return
-    others = ", ".join(f"'{s.name}'" for s in stages if s is not largest)
+    others = _named([s for s in stages if s is not largest])
     sink.warning(largest.span, f"stage '{largest.name}' time-shares pool '{pool.name}' with {others} and "
                                f"uses {largest.devices} of its {pool.count} devices ({_layout(largest)}), the "
                                f"most of them; the other {pool.count - largest.devices} stay idle",
                  _grow_hint(largest, pool))
+
+
+def _named(stages: list[Stage]) -> str:
+    """The stages' names, the first MOST_NAMED of a long list (a warning stays one readable line)."""
+    names = ", ".join(f"'{s.name}'" for s in stages[:MOST_NAMED])
+    return names if len(stages) <= MOST_NAMED else f"{names} and {len(stages) - MOST_NAMED} more"
 
 
 def _layout(stage: Stage) -> str:
