@@ -212,7 +212,9 @@ def agentic_run(aspc, tmp_path, monkeypatch, backend):
                "--workers", "threads", "--metrics", str(path), "--set", "schedule.staleness=0")
     assert run.exit_code == 0, run.output
     metrics = [json.loads(line) for line in path.read_text().splitlines() if '"trained"' in line]
-    return metrics, [c for batch in calls for c in batch], {f.key: f for f in finished}
+    # the held-out accuracy at the end of `aspc run` runs episodes too: their keys are plain prompt indices
+    trained = {f.key: f for f in finished if isinstance(f.key, tuple)}
+    return metrics, [c for batch in calls for c in batch if isinstance(c.key, tuple)], trained
 
 
 def first_turn(sample):

@@ -110,5 +110,5 @@ def test_a_raising_user_reward_ends_the_run_with_the_sample_named(aspc, tmp_path
     pipeline.write_text(source)
     result = aspc("run", str(pipeline), "--steps", "2", "--warmstart", "0", "--metrics", str(tmp_path / "m.jsonl"))
     assert result.exit_code == 1
-    assert "badreward.score" in result.output or "score failed" in result.output
+    assert 'python("badreward:score") failed' in result.output
     assert "ValueError: no score for" in result.output and "Traceback" not in result.output

@@ -96,9 +96,27 @@ def write_trace(path: Path, runs: dict[str, list[Span]], detail: str = "full") -
     a temporary file and renamed into place, so an interrupted write never leaves a truncated trace."""
     events = [e for pid, (name, spans) in enumerate(runs.items(), start=1)
               for e in trace_events(spans, name, pid, detail)]
+    _write_whole(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """`text` into `path` through a temporary file. A failure (full disk, `ulimit -f`, a read-only
+    folder) removes the temporary file and raises OSError naming `path` (a failed write names none)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}), encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as error:
+        _remove(tmp)
+        raise OSError(error.errno, error.strerror or str(error), str(path)) from None
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:  # e.g. its folder cannot be written either: nothing was left there
+        pass
 
 
 def shifted(spans: list[Span], seconds: float) -> list[Span]:

@@ -622,11 +622,33 @@ def _sources(file: str, overrides: tuple[str, ...]) -> dict[str, str]:
 def entry() -> None:
     """The `aspc` console script. Once the command is over (click exits with SystemExit), a Ctrl-C
     that lands while the interpreter shuts down (threads, torch) changes nothing: without this the
-    process dies by SIGINT after its work is done and saved."""
+    process dies by SIGINT after its work is done and saved. A Ctrl-C that interrupts an import
+    (torch's, in the first second) can surface as another error (numpy's ImportError "cannot load
+    module more than once"): after a Ctrl-C any error ends as one, with exit code 130."""
+    signal.signal(signal.SIGINT, _note_interrupt)
     try:
         main()
+    except Exception:
+        if not _interrupts.seen:
+            raise
+        click.echo("\nstopped by Ctrl-C", err=True)
+        sys.exit(130)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@dataclass
+class _Interrupts:
+    seen: bool = False  # a SIGINT reached this process
+
+
+_interrupts = _Interrupts()
+
+
+def _note_interrupt(signum, frame) -> None:
+    """Python's own Ctrl-C handler (KeyboardInterrupt), remembering that it ran."""
+    _interrupts.seen = True
+    signal.default_int_handler(signum, frame)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,15 @@
 """`aspc run`: progress bars, metrics files, the final report and user-facing errors.
 
 Exit codes: 0 the run finished (or a resumed run was already complete); 1 an error the user can
-fix (data, reward module, checkpoint, a worker that died), with one message; 130 Ctrl-C, after
+fix (data, reward module, checkpoint, a checkpoint that could not be written, a worker that died),
+with one message; 130 Ctrl-C and 143 SIGTERM (128 + the signal, the shell's convention), each after
 the metrics of every finished step and, with --checkpoint, a checkpoint of the last one are saved.
+A worker process that died (the learner's) took its state with it: nothing is saved after it, and
+the message names the last intact checkpoint, the one --resume continues from.
 """
 from __future__ import annotations
 
+import errno
 import signal
 import sys
 import time
@@ -22,6 +26,7 @@ from aspc.drivers.local.run_lock import FolderInUse, RunLock
 from aspc.roles import ExecutorsFactory
 from aspc.drivers.local.workers import WorkerFailed
 from aspc.accounting.trace import Span, shifted, write_trace
+from aspc.drivers.local.metrics_file import check_can_write
 
 
 def check_cpu_plan(file: str, plan: ExecutionPlan) -> None:
@@ -66,6 +71,7 @@ def run_training(request: RunRequest, plan: ExecutionPlan, executors: ExecutorsF
     metrics = Path(request.metrics_path) if request.metrics_path else \
         Path("runs") / f"{plan.pipeline}-{plan.schedule}" / "metrics.jsonl"
     _refuse_unrunnable(request, plan, executors)
+    _check_outputs(request, metrics)  # before the lock, which makes its file in the metrics folder
     folders = [metrics.parent] + ([Path(request.checkpoint_dir)] if request.checkpoint_dir else [])
     lock = RunLock(folders)
     try:
@@ -102,20 +108,81 @@ def _train(request: RunRequest, plan: ExecutionPlan, executors: ExecutorsFactory
                          keep=request.keep)
     options.on_warning = progress.warn  # aspc/controller/health.py's checks, printed as they fire
     session = _Session(request, plan, options, progress, executors)
+    terminate = _SigtermAsCtrlC()
     try:
-        result = session.train()
+        with terminate:
+            result = session.train()
     except WorkerFailed as error:
-        where = session.salvage()
+        where = _salvaged(session)
         raise click.ClickException(f"{request.file}: {error}{where}") from None
     except (*executors.user_errors, UnsupportedPlan) as error:
-        session.salvage()
+        _salvaged(session)
         raise click.ClickException(f"{request.file}: {error}") from None
+    except OSError as error:  # a metrics row or the trace could not be written (full disk, ulimit -f)
+        where = _salvaged(session)
+        raise click.ClickException(f"{request.file}: {file_error(error)}{where}") from None
     except KeyboardInterrupt:
+        session.cause = "SIGTERM" if terminate.received else "Ctrl-C"
         session.interrupted()
-        sys.exit(130)
+        sys.exit(143 if terminate.received else 130)
     if result is not None:
         progress.close()
         _report(result, session.runtime, metrics, request.trace_path, plan, session.held_out_line())
+
+
+def _check_outputs(request: RunRequest, metrics: Path) -> None:
+    """A metrics or trace path that cannot be written is refused before the warm start, not found
+    after training."""
+    for option, path in (("--metrics", metrics), ("--trace", request.trace_path)):
+        if path is None:
+            continue
+        try:
+            check_can_write(Path(path))
+        except OSError as error:
+            raise click.ClickException(f"{request.file}: {option} {path} cannot be written ({error.strerror}): "
+                                       f"give {option} a file in a folder that can be written") from None
+
+
+def _salvaged(session: _Session) -> str:
+    """`session.salvage()`, whose own writes may fail on the disk that just filled: then the message
+    says so (the rows and checkpoints written before are on disk)."""
+    try:
+        return session.salvage()
+    except OSError as error:
+        return f"; saving the finished steps failed too: {file_error(error)}"
+
+
+NO_SPACE = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)  # a full disk, a file size limit (ulimit -f), a quota
+
+
+def file_error(error: OSError) -> str:
+    """`cannot write runs/x/metrics.jsonl: No space left on device (...)`: the path, why, what to do."""
+    what = f"cannot write {error.filename}: {error.strerror or error}" if error.filename else str(error)
+    if error.errno in NO_SPACE:
+        return f"{what} (the disk is full, or a file size limit such as `ulimit -f` was reached: free space or " \
+               "raise the limit)"
+    return what
+
+
+class _SigtermAsCtrlC:
+    """While inside, SIGTERM (`kill`, a scheduler's stop) is a Ctrl-C: the handler raises SIGINT, so
+    it lands where a Ctrl-C would (held while a metrics row is written, ignored while the last
+    checkpoint is saved) and the run saves its work; `received` tells the two apart."""
+
+    def __init__(self):
+        self.received = False
+        self.previous = None
+
+    def __enter__(self):
+        self.previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        return self
+
+    def __exit__(self, *_):
+        signal.signal(signal.SIGTERM, self.previous)
+
+    def _on_sigterm(self, _signum, _frame) -> None:
+        self.received = True
+        signal.raise_signal(signal.SIGINT)
 
 
 class _Session:
@@ -128,6 +195,7 @@ class _Session:
         self.phase = "starting"
         self.verifier = None  # what decides a held-out answer is right (None: no held-out figure)
         self.accuracy_before = None
+        self.cause = "Ctrl-C"  # what interrupted the run: "Ctrl-C" or "SIGTERM"
 
     def train(self):
         self.runtime = _runtime(self.request.runtime_kind, self.plan, Path(self.request.file).parent,
@@ -184,35 +252,59 @@ class _Session:
 
     def salvage(self) -> str:
         """Stop the workers and keep every finished step (metrics rows, a checkpoint); returns
-        where the checkpoint is, for the message."""
+        where the run can be resumed from, for the message."""
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not tear the save
         try:
             if self.runtime is None:
                 return ""
             self.runtime.stop_workers()
-            saved = self.runtime.save_now()
+            where = self._keep_checkpoint()
             self._write_trace()
         finally:
             signal.signal(signal.SIGINT, previous)
-        if saved is None:
+        return where
+
+    def _keep_checkpoint(self) -> str:
+        """A checkpoint of the learner's last finished step; where --resume continues from, in words.
+        A learner whose process died left nothing to save: the last intact checkpoint is named."""
+        try:
+            saved = self.runtime.save_now()
+        except self.executors.checkpoint_error as error:
+            return f"; {error}{self._intact_checkpoint()}"
+        if saved is not None:
+            return f"; checkpoint of step {saved} in {self.request.checkpoint_dir} (continue with --resume)"
+        if getattr(self.runtime, "learner_lost", None):
+            return self._intact_checkpoint()
+        return ""
+
+    def _intact_checkpoint(self) -> str:
+        if self.request.checkpoint_dir is None:
             return ""
-        return f"; checkpoint of step {saved} in {self.request.checkpoint_dir} (continue with --resume)"
+        point = self.runtime.last_intact_checkpoint()
+        if point is None:
+            return f"; no checkpoint of this run is in {self.request.checkpoint_dir}: a new run starts from step 0"
+        return (f"; its last checkpoint, step {point.version} in {self.request.checkpoint_dir}, is intact: "
+                "continue with --resume")
 
     def interrupted(self) -> None:
         self.progress.close()
         where = self.salvage()
         if self.phase != "training":
-            click.echo(f"\nstopped by Ctrl-C during {self.phase}; no RL step was trained, nothing was "
+            click.echo(f"\nstopped by {self.cause} during {self.phase}; no RL step was trained, nothing was "
                        "written", err=True)
             return
         done = getattr(self.runtime, "recorded", 0)
-        click.echo(f"\nstopped by Ctrl-C after step {done}; metrics in {self.options.metrics_path}{where}",
+        click.echo(f"\nstopped by {self.cause} after step {done}; metrics in {self.options.metrics_path}{where}",
                    err=True)
 
     def _write_trace(self) -> None:
+        """The trace of the steps run so far; one that cannot be written is a line, not the run's end."""
         runtime = self.runtime
         if self.request.trace_path and getattr(runtime, "result", None) is not None:
-            write_trace(Path(self.request.trace_path), _trace_runs(runtime, runtime.spans(), self.plan))
+            try:
+                write_trace(Path(self.request.trace_path), _trace_runs(runtime, runtime.spans(), self.plan))
+            except OSError as error:
+                click.echo(f"trace: {file_error(error)}; no trace was written", err=True)
 
 
 HELD_OUT_PROMPTS = 128  # greedy answers for the held-out accuracy (a second or two on a tiny model)
@@ -367,5 +459,9 @@ def _report(result, runtime, metrics: Path, trace_path, plan, held_out: str | No
                    "(fallback reward, masked from their groups; `score_failed` per step in the metrics)")
     click.echo(f"metrics: {metrics}")
     if trace_path:
-        write_trace(Path(trace_path), _trace_runs(runtime, result.spans, plan))
+        try:
+            write_trace(Path(trace_path), _trace_runs(runtime, result.spans, plan))
+        except OSError as error:
+            raise click.ClickException(f"{file_error(error)}: the run finished but its trace was not written; "
+                                       f"the metrics are in {metrics}") from None
         click.echo(f"trace: {trace_path}")

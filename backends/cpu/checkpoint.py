@@ -1,8 +1,11 @@
 """Checkpoints: model weights as safetensors, optimizer state with torch.save, a JSON manifest
 that records a SHA-256 of every file and the run's configuration.
 
-A checkpoint is written to a temporary folder and renamed into place, then the `latest` file is
-replaced atomically, so a run killed at any moment leaves the previous checkpoint intact. Resuming
+A checkpoint is written to a temporary folder, its files and the folder synced to disk, read back
+and checked (each safetensors header lists the tensors saved, every file matches its checksum), and
+only then renamed into place; then the `latest` file is replaced atomically, so a run killed at any
+moment, or a machine that loses power, leaves the previous checkpoint intact. A write that fails (a
+full or read-only disk) is a CheckpointError naming the path, never a half-written step folder. Resuming
 does not trust `latest`: it walks the step folders from the newest down and takes the first whose
 files match their checksums, saying which ones it skipped and why.
 
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 _STEP = re.compile(r"^step-(\d+)$")
@@ -39,30 +43,109 @@ class ResumePoint:
 
 
 def save(directory: Path, version: int, models: dict, optimizers: dict, extra: dict) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
+    """Write the checkpoint of `version` to DIRECTORY/step-NNNNNN (see the module's docstring);
+    raises CheckpointError naming the path when it cannot be written or does not read back."""
     final = directory / f"step-{version:06d}"
     tmp = directory / f".tmp-step-{version:06d}"
+    try:
+        _write_step(directory, tmp, final, version, models, optimizers, extra)
+    except CheckpointError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    except OSError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = error.strerror or str(error)
+        raise CheckpointError(f"cannot write the checkpoint of step {version} to {final}: {reason}"
+                              f"{_where(error)}; check the disk's free space and permissions") from None
+    return final
+
+
+def _where(error: OSError) -> str:
+    return f" (at {error.filename})" if error.filename else ""
+
+
+def _write_step(directory: Path, tmp: Path, final: Path, version: int, models: dict, optimizers: dict,
+                extra: dict) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    for name, model in models.items():
-        if model is not None:
-            state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
-            save_file(state, str(tmp / f"{name}.safetensors"))
-    for name, optimizer in optimizers.items():
-        if optimizer is not None:
-            torch.save(optimizer.state_dict(), tmp / f"{name}.optimizer.pt")
+    tensors = _write_parts(tmp, models, optimizers)
     files = {p.name: _sha256(p) for p in sorted(tmp.iterdir())}
     earlier = _earlier_files(directory, final.name)
     for name, digest in files.items():
         _link_identical(tmp / name, digest, earlier.get((name, digest)))
     manifest = {"version": version, **extra, "files": files}
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    _write_synced(tmp / "manifest.json", json.dumps(manifest, indent=2))
+    _check_written(tmp, final, tensors)
+    _sync(tmp)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
-    pointer = directory / ".latest.tmp"
-    pointer.write_text(final.name)
-    os.replace(pointer, directory / "latest")
-    return final
+    _write_synced(directory / ".latest.tmp", final.name)
+    os.replace(directory / ".latest.tmp", directory / "latest")
+    _sync(directory)
+
+
+def _write_parts(tmp: Path, models: dict, optimizers: dict) -> dict[str, set[str]]:
+    """The models' weights and the optimizers' states, each file synced; returns each safetensors
+    file's tensor names (what its header must list)."""
+    tensors = {}
+    for name, model in models.items():
+        if model is not None:
+            state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+            _written(save_file, state, tmp / f"{name}.safetensors")
+            tensors[f"{name}.safetensors"] = set(state)
+    for name, optimizer in optimizers.items():
+        if optimizer is not None:
+            _written(torch.save, optimizer.state_dict(), tmp / f"{name}.optimizer.pt")
+    for file in tmp.iterdir():
+        _sync(file)
+    return tensors
+
+
+def _written(write, value, path: Path) -> None:
+    """`write(value, path)`; the writers' own errors on a failed write (safetensors' SafetensorError,
+    torch's RuntimeError from its zip writer, e.g. on `ulimit -f`) become an OSError naming `path`."""
+    try:
+        write(value, str(path))
+    except OSError:
+        raise
+    except Exception as error:  # SafetensorError is a bare Exception subclass
+        raise OSError(None, f"the write failed ({str(error).splitlines()[0]})", str(path)) from None
+
+
+def _check_written(tmp: Path, final: Path, tensors: dict[str, set[str]]) -> None:
+    """Read what was written back before it replaces anything: every file matches the checksum in
+    the manifest, every safetensors header lists the tensors saved."""
+    problem = verify(tmp)
+    for name, expected in tensors.items():
+        if problem is None and _tensor_names(tmp / name) != expected:
+            problem = f"{name} does not list the tensors saved"
+    if problem is not None:
+        raise CheckpointError(f"the checkpoint written to {final} does not read back: {problem}")
+
+
+def _tensor_names(file: Path) -> set[str] | None:
+    try:
+        with safe_open(str(file), framework="pt") as opened:
+            return set(opened.keys())
+    except Exception:  # a damaged header: safetensors raises its own error types
+        return None
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+
+
+def _sync(path: Path) -> None:
+    """fsync a file or a folder (a folder: the names in it, e.g. a rename, reach the disk)."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def _earlier_files(directory: Path, writing: str) -> dict[tuple[str, str], Path]:

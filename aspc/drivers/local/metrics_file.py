@@ -5,12 +5,17 @@ leaves an existing file as it was. A fresh run into an existing, non-empty file 
 aside (`metrics.jsonl` -> `metrics.1.jsonl`, the next free number) instead of overwriting it. A
 resumed run keeps the rows up to the checkpoint it resumed from and drops the later ones (those
 steps are trained again), so every step has exactly one row. A line torn by a kill is dropped.
+
+A write that fails (full disk, `ulimit -f`, a read-only folder, a folder where the file should be)
+raises OSError naming the file; `check_can_write` finds the last three before a run trains.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
+import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +30,10 @@ class MetricsFile:
         """Prepare the file for appending; returns a note for the user when an old file was moved."""
         if self.path is None:
             return None
+        with _naming(self.path):
+            return self._open()
+
+    def _open(self) -> str | None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.resume_version is not None:
             self._keep_through(self.resume_version)
@@ -41,7 +50,7 @@ class MetricsFile:
         if self.path is None:
             return
         line = (json.dumps(row) + "\n").encode("utf-8")
-        with open(self.path, "ab+") as out:
+        with _naming(self.path), open(self.path, "ab+") as out:
             if out.seek(0, os.SEEK_END) and _last_byte(out) != b"\n":
                 line = b"\n" + line
             out.write(line)
@@ -52,6 +61,29 @@ class MetricsFile:
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
         os.replace(tmp, self.path)
+
+
+def check_can_write(path: Path) -> None:
+    """Raise OSError naming `path` if a file cannot be written there: its folder cannot be made or
+    written (read-only, under a file, /proc), or `path` is a folder. It makes the folder and leaves
+    an existing file as it was."""
+    with _naming(path):
+        if path.is_dir():
+            raise OSError(errno.EISDIR, "a folder is there, not a file")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+        if path.exists():
+            open(path, "ab").close()
+
+
+@contextmanager
+def _naming(path: Path):
+    """An OSError inside as one naming `path` (a failed write() names no file)."""
+    try:
+        yield
+    except OSError as error:
+        raise OSError(error.errno, error.strerror or str(error), str(path)) from None
 
 
 def read_rows(path: Path) -> list[dict]:

@@ -10,8 +10,10 @@ requests and replies (published weights, rollouts) are pickled through the pipe 
 rollout (a learner pass sends them and copies back the fields it set), so checkpoints, metrics and
 held-out evaluation read the same objects as with threads.
 
-A child ignores SIGINT (the main process handles Ctrl-C and still reads the learner's state for
-its checkpoint) and exits when its pipe closes, so a killed main process leaves no orphans.
+A child ignores SIGINT and SIGTERM (the main process handles Ctrl-C and SIGTERM, and still reads
+the learner's state for its checkpoint; both may reach the whole process group) and exits when its
+pipe closes, so a killed main process leaves no orphans. A child names itself (`/proc/PID/comm`,
+what `ps` shows): `aspc learner`, `aspc gen[0]`.
 
 Children are forked from a fork server (multiprocessing's `forkserver`): a process started once per
 main process that imports torch and the backend's worker modules before any thread pool exists,
@@ -39,19 +41,22 @@ from aspc.drivers.local.workers import InstanceLost
 START = "forkserver"
 # Imported lazily by the CPU backend's `set_threads` at a worker's first call (about a second a child).
 LAZY_IMPORTS = ("torch._dynamo",)
+_HELD = {signal.SIGINT, signal.SIGTERM}  # blocked in the fork server and in a child until it ignores them
 
 
 class WorkerProcessFailed(Exception):
     """A worker process raised or died; the message names it and says why."""
 
 
-def _serve(conn, threads: int, set_threads, search_path: list[str], environment: dict[str, str]) -> None:
+def _serve(conn, name: str, threads: int, set_threads, search_path: list[str], environment: dict[str, str]) -> None:
     """A child's loop: its server object first (user modules, e.g. a python reward, import from
     `search_path` as in the main process), then (method, args) in, ("ok", value) or ("error",
     text) out, until the pipe closes. A child never prints a traceback of its own: an error goes
     back as a reply, and a closed pipe (the main process ended or was killed) ends it quietly."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked since its start (ChildProcess)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # and so is SIGTERM (aspc/cli/run.py)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)  # blocked since its start (ChildProcess)
+    _name_process(name)
     _take_environment(environment)
     set_threads(threads)
     sys.path[:0] = search_path
@@ -59,6 +64,15 @@ def _serve(conn, threads: int, set_threads, search_path: list[str], environment:
         _loop(conn, _receive(conn))
     except (EOFError, OSError):
         return
+
+
+def _name_process(name: str) -> None:
+    """`aspc learner`, `aspc gen[0]` in /proc/PID/comm (15 bytes at most): what `ps` and tests see."""
+    try:
+        with open("/proc/self/comm", "w") as comm:
+            comm.write(f"aspc {name}"[:15])
+    except OSError:  # not Linux: the name is only cosmetic
+        pass
 
 
 def _take_environment(environment: dict[str, str]) -> None:
@@ -75,12 +89,22 @@ def start_fork_server(preload: list[str]):
     imported. SIGINT stays blocked in the server and so in every child it forks (see ChildProcess)."""
     context = multiprocessing.get_context(START)
     context.set_forkserver_preload(list(dict.fromkeys([*_main_imports(), *preload, *LAZY_IMPORTS])))
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    _start_resource_tracker()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
     try:
         multiprocessing.forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     return context
+
+
+def _start_resource_tracker() -> None:
+    """multiprocessing's resource tracker, started before SIGINT is blocked for the fork server:
+    starting it unblocks SIGINT on the calling thread (CPython 3.11's resource_tracker), and a fork
+    server started after that caught a Ctrl-C while importing its preload, with a traceback."""
+    import multiprocessing.resource_tracker
+
+    multiprocessing.resource_tracker.ensure_running()
 
 
 def _main_imports() -> list[str]:
@@ -126,16 +150,17 @@ def _receive(conn):
 
 
 class ChildProcess:
-    def __init__(self, name: str, server, threads: int, set_threads, search_path: list[str]):
+    def __init__(self, name: str, server, threads: int, set_threads, search_path: list[str], title: str = ""):
+        """`title`: the process in a message ("the learner process"; default "the NAME process")."""
         context = start_fork_server([set_threads.__module__, *server.modules()])
-        self.name = name
+        self.name, self.title = name, title or f"the {name} process"
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=_serve, args=(child, threads, set_threads, search_path,
+        self.process = context.Process(target=_serve, args=(child, name, threads, set_threads, search_path,
                                                             dict(os.environ)), name=name, daemon=True)
         # The child starts with SIGINT blocked, as the fork server does (it inherited the mask of
         # start_fork_server; a mask survives exec): a Ctrl-C that lands before the child ignores
         # SIGINT must not kill it with a traceback.
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
         try:
             self.process.start()
         finally:
@@ -159,10 +184,19 @@ class ChildProcess:
                 _send(self.conn, (method, args))
                 kind, value = _receive(self.conn)
         except (EOFError, OSError):
-            raise InstanceLost(f"{self.name} died (exit code {self.process.exitcode})") from None
+            raise InstanceLost(f"{self.title} died ({self._how_it_ended()})") from None
         if kind == "error":
             raise WorkerProcessFailed(f"{self.name}: {value}")
         return value
+
+    def _how_it_ended(self) -> str:
+        """`signal 9`, `exit code 1`: why the process is gone (waited for a little: its pipe closes
+        just before it can be reaped)."""
+        self.process.join(timeout=5)
+        code = self.process.exitcode
+        if code is None:
+            return "its pipe closed"
+        return f"signal {-code}" if code < 0 else f"exit code {code}"
 
     def ready(self) -> None:
         """Wait until the process has started and holds its engine (build time, not the run's)."""
@@ -213,7 +247,8 @@ class ProcessEngine:
 
     def __init__(self, name: str, engine, threads: int, set_threads, search_path: list[str]):
         self.slots = engine.slots
-        self.child = ChildProcess(name, _EngineServer(engine), threads, set_threads, search_path)
+        self.child = ChildProcess(name, _EngineServer(engine), threads, set_threads, search_path,
+                                  f"the process of {name}")
         self.buffer: list = []
         self._busy, self.held, self._calls = False, 0, []
 
@@ -287,7 +322,8 @@ class ProcessLearner:
     PASSES = ("reward", "reference", "values", "train")
 
     def __init__(self, learner, threads: int, set_threads, search_path: list[str]):
-        self.child = ChildProcess("learner", _LearnerServer(learner), threads, set_threads, search_path)
+        self.child = ChildProcess("learner", _LearnerServer(learner), threads, set_threads, search_path,
+                                  "the learner process")
 
     def __getattr__(self, method):
         if method in self.PASSES:

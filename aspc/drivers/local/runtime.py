@@ -82,6 +82,8 @@ class LocalRuntime:
         self.resume_notes: list[str] = []  # what resuming chose and skipped, for the user
         self.resumed = None  # the checkpoint folder a resumed run continues from
         self.stopped = False
+        self.learner_lost: str | None = None  # why the learner's state is gone (its process died)
+        self.save_failed = None  # the CheckpointError of a save that failed: no other is tried
 
     # ---- building ----
     def accuracy(self, count: int = 128) -> float:
@@ -139,7 +141,10 @@ class LocalRuntime:
                                              self.executors.set_threads, search)
         self.learner_worker.learner = ProcessLearner(self.learner, self.threads, self.executors.set_threads, search)
         for proxy in [w.generator for w in self.gen_workers] + [self.learner_worker.learner]:
-            proxy.child.ready()  # they start side by side; the run's clock starts once all are up
+            try:
+                proxy.child.ready()  # they start side by side; the run's clock starts once all are up
+            except InstanceLost as error:  # killed while it started
+                raise WorkerFailed(str(error)) from None
 
     def _start_fork_server(self) -> None:
         """Process workers: the fork server imports torch while the warm start runs (the first
@@ -151,15 +156,17 @@ class LocalRuntime:
 
     def _close_processes(self) -> None:
         """The run is over: the learner's final state back into this process's objects (for
-        held-out evaluation and a last checkpoint), then every worker process ends."""
+        held-out evaluation and a last checkpoint), then every worker process ends. A learner
+        that died took its state with it: `learner_lost` says so, and nothing is saved after it
+        (this process's copy is the warm start's, or the resumed checkpoint's)."""
         from aspc.drivers.local.processes import ProcessEngine, WorkerProcessFailed
 
         learner = self._learner_process()
         if learner is not None:
             try:
                 self._adopt_parts(*learner.parts())
-            except (InstanceLost, WorkerProcessFailed):
-                pass  # it died: this process keeps the state it had (the checkpoint on disk is intact)
+            except (InstanceLost, WorkerProcessFailed) as error:
+                self.learner_lost = str(error)
             self.learner_worker.learner = self.learner
         proxies = [w.generator for w in getattr(self, "gen_workers", []) if isinstance(w.generator, ProcessEngine)]
         children = [p.child for p in proxies] + ([learner.child] if learner is not None else [])
@@ -260,7 +267,16 @@ class LocalRuntime:
         return self.executors.parts(self.learner)
 
     def _save(self, version: int) -> None:
+        """Checkpoint the learner's state at `version` (a failed write is a CheckpointError naming
+        the path; it is kept in `save_failed`, and no later save is tried)."""
         models, optimizers = self._parts()
+        try:
+            self._write(version, models, optimizers)
+        except self.executors.checkpoint_error as error:
+            self.save_failed = error
+            raise
+
+    def _write(self, version: int, models: dict, optimizers: dict) -> None:
         self.executors.save_checkpoint(self.options.checkpoint_dir, version, models, optimizers,
                         {"pipeline": self.plan.pipeline, "schedule": self.plan.schedule,
                          "config": self._fingerprint()})
@@ -272,18 +288,32 @@ class LocalRuntime:
 
     def save_now(self) -> int | None:
         """After an interruption, once the workers stopped: record the metrics of every step the
-        learner finished, then checkpoint the last one (None: there was nothing to save)."""
+        learner finished, then checkpoint the last one (None: there was nothing to save). The
+        learner's weights are at `worker.stepped` (an optimizer step whose publish was dropped by
+        the interruption counts). Nothing is saved when the learner's state is lost (its process
+        died) or a save already failed: the last intact checkpoint on disk stays the resume point."""
         worker = getattr(self, "learner_worker", None)
-        if worker is None or getattr(self, "result", None) is None:
+        if worker is None or getattr(self, "result", None) is None or self.learner_lost:
             return None
-        for version in range(self.recorded + 1, worker.completed + 1):
-            self._record(version - 1)
-        if self.options.checkpoint_dir is None:
+        version = max(worker.completed or 0, worker.stepped or 0)
+        for done in range(self.recorded + 1, version + 1):
+            self._record(done - 1)
+        if self.options.checkpoint_dir is None or self.save_failed is not None:
             return None
-        if worker.saved != worker.completed:
-            self._save(worker.completed)
-            worker.saved = worker.completed
+        if worker.saved != version:
+            self._save(version)
+            worker.saved = version
         return worker.saved
+
+    def last_intact_checkpoint(self):
+        """The checkpoint a --resume would continue from (a ResumePoint), or None: none on disk."""
+        directory = self.options.checkpoint_dir
+        if directory is None:
+            return None
+        try:
+            return self.executors.find_resume_point(directory)
+        except self.executors.checkpoint_error:
+            return None
 
     def _rollouts(self, samples) -> list:
         out = []
@@ -321,6 +351,7 @@ class LocalRuntime:
                 self._handle(InstanceIdle(worker.index, self.slots))
             self._loop()
             self._stop(drain=True)  # the learner writes the final checkpoint first
+            self._raise_late_error()
         finally:
             self._stop()
         result.wall_s = getattr(self, "stopped_at", None) or self.clock()
@@ -330,12 +361,33 @@ class LocalRuntime:
     def _loop(self) -> None:
         while not self.controller.finished:
             event = self.internal.popleft() if self.internal else self.events.get()
-            if type(event) is tuple and event[0] == "error":  # a worker's error; events may be named tuples
-                _, name, error, _trace = event
-                raise WorkerFailed(f"{name}: {type(error).__name__}: {error}")
+            if _is_error(event):
+                self._raise_worker_error(*event[1:3])
             if isinstance(event, WeightsPublished):  # the row is on disk before any checkpoint of it
                 self._record(event.version - 1)
-            self._handle(event)
+            try:
+                self._handle(event)
+            except InstanceLost as error:  # a call made from here to a dead worker (the Ray learner's reward pass)
+                raise WorkerFailed(str(error)) from None
+
+    def _raise_worker_error(self, name: str, error: Exception) -> None:
+        """A worker's error ends the run: a failed checkpoint write as the user error it is, a
+        dead worker process by its own message (it names the process), anything else named by
+        the worker."""
+        if isinstance(error, self.executors.checkpoint_error):
+            raise error
+        if isinstance(error, InstanceLost):
+            raise WorkerFailed(str(error))
+        raise WorkerFailed(f"{name}: {type(error).__name__}: {error}")
+
+    def _raise_late_error(self) -> None:
+        """An error a worker reported after the controller finished (the final checkpoint's write,
+        the learner dying during it): the run failed, it did not complete."""
+        if self.learner_lost:
+            raise WorkerFailed(self.learner_lost)
+        for worker in self._workers():
+            if worker.error is not None:
+                self._raise_worker_error(worker.name, worker.error)
 
     def _record(self, step: int) -> None:
         wall = round(self.clock(), 3)
@@ -407,7 +459,8 @@ class LocalRuntime:
             case Checkpoint():
                 self.learner_worker.inbox.put(("checkpoint", action.step))
             case RestartInstance():  # threads do not die alone: a raising one ends the run (WorkerFailed)
-                raise WorkerFailed(f"generation instance {action.instance} failed")
+                lost = self.gen_workers[action.instance].lost
+                raise WorkerFailed(f"generation instance {action.instance} failed" + (f": {lost}" if lost else ""))
             case Finished():
                 pass
             case _:
@@ -461,6 +514,11 @@ class LocalRuntime:
         if close is not None:
             close()
         self.stopped = True
+
+
+def _is_error(event) -> bool:
+    """A worker's ("error", name, error, traceback); other events may be named tuples."""
+    return type(event) is tuple and event[0] == "error"
 
 
 def _refuse_to_mix_runs(directory: Path, executors) -> None:

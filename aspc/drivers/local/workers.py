@@ -29,6 +29,7 @@ class Worker(threading.Thread):
         self.stopping = threading.Event()
         self.setup = None  # called on the worker's own thread first: sets its torch thread count
         self.torch_threads = None  # what setup returned
+        self.error: Exception | None = None  # what ended the thread, also reported as an event
 
     def run(self) -> None:
         try:
@@ -36,6 +37,7 @@ class Worker(threading.Thread):
                 self.torch_threads = self.setup()
             self.loop()
         except Exception as error:  # reported to the main loop, which ends the run cleanly
+            self.error = error
             self.events.put(("error", self.name, error, traceback.format_exc()))
         finally:
             self.clock.leave()
@@ -45,7 +47,8 @@ class Worker(threading.Thread):
 
 
 class InstanceLost(Exception):
-    """The process behind a generation instance died (a remote runtime's worker)."""
+    """The process behind a worker died (a generation instance's or the learner's process, a remote
+    runtime's actor); the message names it."""
 
 
 class GenerationWorker(Worker):
@@ -59,6 +62,7 @@ class GenerationWorker(Worker):
         super().__init__(f"gen[{index}]", events, clock)
         self.index, self.generator, self.weights, self.results, self.lock = index, generator, weights, results, lock
         self.calls = calls if calls is not None else {}
+        self.lost: str | None = None  # why its process died (InstanceLost's message), for the run's error
 
     def loop(self) -> None:
         while not self.stopping.is_set():
@@ -73,11 +77,15 @@ class GenerationWorker(Worker):
                 start = self.clock()
                 try:
                     finished = self.generator.step()
-                except InstanceLost:
-                    self.events.put(InstanceFailed(self.index))
+                except InstanceLost as error:
+                    self._lost(error)
                     continue
                 self.span(start, "useful", "decode")
                 self._report(finished)
+
+    def _lost(self, error: InstanceLost) -> None:
+        self.lost = str(error)
+        self.events.put(InstanceFailed(self.index))
 
     def _wait(self):
         """Block for the next message; idle while episodes wait on their tools is tool_wait."""
@@ -118,14 +126,14 @@ class GenerationWorker(Worker):
         elif kind == "adopt":
             self._report(self.generator.adopt(*payload))
         elif kind == "replace":  # a restarted instance: a new generator, then the controller is told
-            self.generator = payload
+            self.generator, self.lost = payload, None
             self.events.put(InstanceRecovered(self.index))
         elif kind == "sync":
             start = self.clock()
             try:
                 self.generator.load_weights(self.weights[payload])
-            except InstanceLost:
-                self.events.put(InstanceFailed(self.index))
+            except InstanceLost as error:
+                self._lost(error)
                 return
             self.span(start, "sync", f"load v{payload}")
             self.events.put(WeightsLoaded(self.index, payload))
@@ -188,6 +196,7 @@ class ExecutorWorker(Worker):
         self.checkpoint, self.switch = checkpoint, switch
         self.trained: dict[int, list] = {}  # step -> sample ids trained in it
         self.completed = None  # the last version published
+        self.stepped = None  # the version the trainer's weights are at (its last optimizer step's)
         self.report_rewards = False  # dynamic sampling: WorkFinished carries a reward work's scores
         self.saved = None  # the last version checkpointed
         self.move = None  # runtime rebalancing: move(instance, role) carries a move out on the trainer's devices
@@ -211,6 +220,7 @@ class ExecutorWorker(Worker):
             elif kind == "optimizer":
                 self.metrics[payload] = self.learner.optimizer_step()
                 self.metrics[payload]["trained"] = sorted(self.trained.pop(payload, []))
+                self.stepped = payload + 1
                 self.span(start, "useful", f"optimizer step {payload}")
                 self.events.put(OptimizerDone(payload))
             elif kind == "publish":

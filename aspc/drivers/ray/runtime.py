@@ -112,7 +112,7 @@ class RemoteGenerator:
     def _get(self, ref):
         try:
             return self.ray.get(ref)
-        except self.ray.exceptions.RayActorError as error:
+        except actor_lost(self.ray) as error:
             self.active, self.buffer = 0, []
             raise InstanceLost(str(error)) from None
 
@@ -157,17 +157,31 @@ class RemoteLearner:
 
     def __getattr__(self, method):
         if method in ("reward", "reference", "values", "train"):
-            return lambda rollouts: self.ray.get(self.actor.run.remote(method, rollouts))
+            return lambda rollouts: self._get(self.actor.run.remote(method, rollouts))
         raise AttributeError(method)
 
     def optimizer_step(self):
-        return self.ray.get(self.actor.optimizer_step.remote())
+        return self._get(self.actor.optimizer_step.remote())
 
     def snapshot(self):
-        return self.ray.get(self.actor.snapshot.remote())
+        return self._get(self.actor.snapshot.remote())
 
     def parts(self):
-        return self.ray.get(self.actor.parts.remote())
+        return self._get(self.actor.parts.remote())
+
+    def _get(self, ref):
+        """A call's result. The actor dying (killed, out of memory, its node's raylet gone) ends the
+        run with one message naming it, as a dead learner process does (InstanceLost: WorkerFailed)."""
+        try:
+            return self.ray.get(ref)
+        except actor_lost(self.ray) as error:
+            raise InstanceLost(f"the learner's Ray actor died ({cause(error).split('. ')[0]})") from None
+
+
+def actor_lost(ray) -> tuple:
+    """The errors of a call whose actor is gone: ActorDiedError and ActorUnavailableError are
+    RayActorError; RaySystemError when the node's Ray processes died under it."""
+    return ray.exceptions.RayActorError, ray.exceptions.RaySystemError
 
 
 def cause(error) -> str:
@@ -344,7 +358,7 @@ class RayRuntime(LocalRuntime):
             learner = self.executors.learner
         if isinstance(learner, RemoteLearner):
             if self.options.checkpoint_dir is not None:  # for a last checkpoint after the actors are gone
-                self._final_parts = learner.parts()
+                self._final_parts = self._last_parts(learner)
             actors.append(learner.actor)
         actors += self._engine_actors  # a colocated start that failed leaves no worker holding them
         for actor in actors:
@@ -352,6 +366,15 @@ class RayRuntime(LocalRuntime):
         if getattr(self, "placement", None) is not None:
             remove_placement_group(self.placement)
             self.placement = None
+
+    def _last_parts(self, learner: RemoteLearner):
+        """The learner's state before its actor is freed; None if the actor died (`learner_lost`
+        says why: nothing is saved after it, the last checkpoint on disk stays the resume point)."""
+        try:
+            return learner.parts()
+        except InstanceLost as error:
+            self.learner_lost = str(error)
+            return None
 
     def _parts(self):
         if getattr(self, "_final_parts", None) is not None:
