@@ -1,8 +1,8 @@
 """Parse .aspl text into the located AST; syntax errors become our diagnostics.
 
 The AST is built while lark parses (an inline transformer, no intermediate parse tree), with spans
-taken from tokens. A file is parsed first with the leaner lexer of aspc/frontend/lexer.py; only when that
-fails (a syntax error) does lark's own lexer parse it again, to report. Both keep a 2 MB file to
+taken from tokens. A file is parsed first by the fused lexer and driver of aspc/frontend/lexer.py; only
+when that fails (a syntax error) do lark's own lexer and driver parse it again, to report. Both keep a 2 MB file to
 a couple of seconds.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, Unex
 from aspc.frontend import ast
 from aspc.frontend.comments import find_comments
 from aspc.frontend.diagnostics import AsplError, Diagnostic
-from aspc.frontend.lexer import ContextualLexer
+from aspc.frontend.lexer import ContextualLexer, parse_whole
 from aspc.ir.span import Span
 
 BOM = "\ufeff"
@@ -77,7 +77,9 @@ def _parse_fast(text: str, file: str):
     """The program, or None where the fast path fails (a syntax error, say): then lark's lexer
     parses again and reports."""
     try:
-        return _parse_tree(text, file, "start", _fast_lark())
+        with _PARSE_LOCK:
+            _BUILDER.file = file
+            return parse_whole(_fast_lark(), text, "start")
     except Exception:  # noqa: BLE001 -- whatever it was, the careful path below decides
         return None
 
