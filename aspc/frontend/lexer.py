@@ -5,7 +5,7 @@ accepts, and it uses lark's own scanners for them, so priorities and keywords (`
 resolve exactly as lark resolves them. Like lark's LALR driver it shifts and reduces by lark's own
 parse table and calls lark's own callbacks (the inline AST builder), so the result is the same
 value. It leaves out lark's per-token bookkeeping, the generator between lexer and parser and
-error recovery: 2.1x less parse time on a large file (bench/RESULTS.md, the front end). Input it
+error recovery: a quarter less parse time on a large file (bench/RESULTS.md, the front end). Input it
 cannot lex or parse raises `FastPathFailed`, and the parser parses again with lark's own lexer and
 driver, whose errors users see. It reads lark internals (written against lark 1.3): if lark changes
 them, parsing falls back to lark's own -- slower, never different (tests/test_language.py and
