@@ -151,7 +151,8 @@ def _actions(table, callbacks) -> dict[int, dict[str, tuple]]:
         return kept[1]
     reduces, actions = {}, {}
     for state, row in table.states.items():
-        actions[state] = {str(symbol): _action(action, arg, callbacks, reduces) for symbol, (action, arg) in row.items()}
+        actions[state] = {str(symbol): _action(action, arg, callbacks, reduces)
+                          for symbol, (action, arg) in row.items()}
     _TABLES[id(table)] = (table, actions)
     return actions
 
