@@ -5,11 +5,11 @@ import copy
 import torch
 
 from aspc.backends.cpu.agentic import demonstration, final_answer, is_masked
-from aspc.backends.cpu.data import Prompt
+from aspc.rl.data import Prompt
 from aspc.backends.cpu.learner import Learner, Rollout, TrainSettings
 from aspc.backends.cpu.model import TinyQwen
-from aspc.backends.cpu.tokenizer import BOS, EOS, encode
-from aspc.backends.cpu.tool_calls import parse_compact, parse_hermes
+from aspc.rl.tokenizer import BOS, EOS, encode
+from aspc.rl.tool_calls import parse_compact, parse_hermes
 from aspc.controller import episodes as ep
 from aspc.ir.facts import ModelArch
 from conftest import ROOT, verified_accuracy_over_a_run

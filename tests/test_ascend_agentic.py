@@ -16,7 +16,7 @@ from aspc.backends.ascend.run_executors import AscendExecutors
 from aspc.backends.cpu.episodes import EpisodeGenerator
 from aspc.backends.cpu.executors import CpuExecutors
 from aspc.backends.cpu.generator import BatchGenerator, Finished
-from aspc.backends.cpu.tokenizer import BOS, CHARS, EOS, decode, encode
+from aspc.rl.tokenizer import BOS, CHARS, EOS, decode, encode
 from aspc.controller.episodes import EpisodePolicy
 from conftest import ROOT
 from test_ascend_executors import FakeLLM, SamplingParams, fake_platform

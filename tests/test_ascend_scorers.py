@@ -22,14 +22,14 @@ from aspc.backends.ascend.reward_model import NpuRewardModel, load_score_head
 from aspc.backends.ascend.run_executors import AscendExecutors
 from aspc.backends.ascend.scorer_process import ScorerFailed, ScorerProcess
 from aspc.backends.cpu.executors import CpuExecutors
-from aspc.backends.cpu.hf_tokenizer import HfTokenizer
+from aspc.rl.hf_tokenizer import HfTokenizer
 from aspc.backends.cpu.judge import NO, YES, CpuJudge, JudgeCallFailed, judge_input, load_judge
-from aspc.backends.cpu.judge_prompt import TokenizerPrompt
+from aspc.rl.judge_prompt import TokenizerPrompt
 from aspc.backends.cpu.learner import Rollout
 from aspc.backends.cpu.model import TinyQwen
 from aspc.backends.cpu.reward_model import load_reward_model
 from aspc.backends.cpu.scoring import RewardScorer, Shaping
-from aspc.backends.cpu.tokenizer import BOS, CHARS, EOS, encode
+from aspc.rl.tokenizer import BOS, CHARS, EOS, encode
 from aspc.plan.toolchain import compile_with_passes
 from conftest import ROOT
 from npu_scorer_fakes import GptStandIn, fake_api, model_first_position

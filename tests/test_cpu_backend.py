@@ -2,13 +2,13 @@
 import pytest
 import torch
 
-from aspc.backends.cpu.data import DataError, PromptSource
+from aspc.rl.data import DataError, PromptSource
 from aspc.backends.cpu.generator import BatchGenerator
-from aspc.backends.cpu.losses import gae, group_advantages, overlong_penalty, policy_loss
+from aspc.rl.losses import gae, group_advantages, overlong_penalty, policy_loss
 from aspc.backends.cpu.model import KVCache, TinyQwen, cache_mask, causal_mask
-from aspc.backends.cpu.rewards import RewardError, WeightedReward, exact_match, math_verify, numeric_match
-from aspc.backends.cpu.tasks import example
-from aspc.backends.cpu.tokenizer import decode, encode
+from aspc.rl.rewards import RewardError, WeightedReward, exact_match, math_verify, numeric_match
+from aspc.rl.tasks import example
+from aspc.rl.tokenizer import decode, encode
 from aspc.ir.facts import ModelArch
 
 ARCH = ModelArch(layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=64, vocab=32, tied=True, max_seq=64)

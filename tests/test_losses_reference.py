@@ -10,7 +10,7 @@ import torch
 
 from aspc.backends.cpu.batching import make_batch, token_logprobs
 from aspc.backends.cpu.learner import Learner, Rollout, TrainSettings
-from aspc.backends.cpu.losses import (aggregate, gae, group_advantages, off_policy_correction, policy_loss,
+from aspc.rl.losses import (aggregate, gae, group_advantages, off_policy_correction, policy_loss,
                                       step_divisor, value_loss, whiten)
 from aspc.backends.cpu.model import TinyQwen
 from aspc.ir.facts import ModelArch

@@ -12,12 +12,12 @@ import torch
 from safetensors.torch import load_file
 
 from aspc.backends.cpu.learner import Learner, Rollout, TrainSettings
-from aspc.backends.cpu.losses import NonFiniteError
+from aspc.rl.losses import NonFiniteError
 from aspc.backends.cpu.model import TinyQwen
-from aspc.backends.cpu.rewards import (REWARD_TIMEOUT_S, TIMEOUT_ENV, RewardError, RewardExit, RewardTimeout,
+from aspc.rl.rewards import (REWARD_TIMEOUT_S, TIMEOUT_ENV, RewardError, RewardExit, RewardTimeout,
                                        WeightedReward, call_with_timeout, load_callable, reward_timeout_s)
 from aspc.backends.cpu.scoring import RewardScorer, Shaping, build_terms
-from aspc.backends.cpu.tokenizer import encode
+from aspc.rl.tokenizer import encode
 from aspc.controller.scoring import CallPolicy
 from aspc.drivers.local.scoring import GuardedJudge
 from aspc.ir.facts import ModelArch

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from aspc.backends.cpu.call_batching import BatchedCalls
+from aspc.rl.call_batching import BatchedCalls
 from aspc.backends.cpu.executors import CpuExecutors, unsupported_stages
 from aspc.backends.cpu.judge import CpuJudge, agreement, load_judge, save_judge
 from aspc.backends.cpu.learner import Rollout
-from aspc.backends.cpu.losses import group_advantages
+from aspc.rl.losses import group_advantages
 from aspc.backends.cpu.model import TinyQwen
 from aspc.backends.cpu.reward_model import read_pairs, split
-from aspc.backends.cpu.tokenizer import BOS, EOS, encode
+from aspc.rl.tokenizer import BOS, EOS, encode
 from aspc.cli.main import main
 from aspc.controller.scoring import STOP_AFTER
 from aspc.drivers.local.runtime import LocalRuntime, RunOptions

@@ -11,8 +11,8 @@ from aspc.backends.cpu.executors import CpuExecutors
 from aspc.backends.cpu.learner import Rollout
 from aspc.backends.cpu.preferences import arith_pairs, wrong_answer
 from aspc.backends.cpu.reward_model import load_reward_model, pairwise_accuracy, read_pairs, split
-from aspc.backends.cpu.rewards import exact_match
-from aspc.backends.cpu.tokenizer import BOS, EOS, encode
+from aspc.rl.rewards import exact_match
+from aspc.rl.tokenizer import BOS, EOS, encode
 from aspc.cli.main import main
 from aspc.plan.toolchain import compile_with_passes
 from conftest import ROOT, verified_accuracy_over_a_run
@@ -105,7 +105,7 @@ def test_a_stage_score_is_the_exact_weighted_sum_of_its_sources(tmp_path):
 
 
 def _text(rollout):
-    from aspc.backends.cpu.tokenizer import decode
+    from aspc.rl.tokenizer import decode
 
     return decode(rollout.response)
 

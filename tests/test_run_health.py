@@ -68,7 +68,7 @@ def test_the_agentic_pipelines_tool_is_found_from_a_relative_path(monkeypatch):
     """The README runs `aspc run pipelines/tiny_agentic.aspl`: the .aspl's folder is relative, and
     the sandbox looks the tool's module up from a scratch folder."""
     from aspc.backends.cpu.agentic import Tools
-    from aspc.backends.cpu.tool_calls import Call
+    from aspc.rl.tool_calls import Call
     from aspc.plan.toolchain import compile_with_passes
 
     monkeypatch.chdir(ROOT)

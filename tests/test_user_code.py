@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from aspc.backends.cpu.rewards import RewardError, build_reward, load_callable
+from aspc.rl.rewards import RewardError, build_reward, load_callable
 from aspc.frontend.compiler import compile_file
 from aspc.frontend.diagnostics import AsplError
 from conftest import ROOT

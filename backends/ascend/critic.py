@@ -1,7 +1,7 @@
 """The PPO critic on NPUs: a megatron-core GPTModel of the critic stage's launch plan whose output
 layer has one unit (verl's value model: `verl/models/mcore/model_initializer.py` swaps
 `output_layer` for `LinearForLastLayer(hidden, 1)` on the last pipeline stage), forward-only values
-on the plan's packed micro-batches for GAE, and the clipped value loss (backends/cpu/losses.py
+on the plan's packed micro-batches for GAE, and the clipped value loss (aspc/rl/losses.py
 `value_loss`, verl `compute_value_loss`) with an optimizer step of its own (verl
 `verl/workers/critic/megatron_critic.py`).
 
@@ -24,7 +24,7 @@ from aspc.backends.ascend.megatron_model import build_gpt, load_checkpoint, mate
 from aspc.backends.ascend.megatron_trainer import MegatronTrainer
 from aspc.backends.ascend.offload import Offloadable
 from aspc.backends.ascend.packing import feed, pack, per_sequence
-from aspc.backends.cpu.losses import gae, value_loss, whiten
+from aspc.rl.losses import gae, value_loss, whiten
 from aspc.plan.execution_plan import ExecutionPlan, StageRefusal
 
 

@@ -123,9 +123,9 @@ def judge_prompt(spec: dict):
         return None
     from pathlib import Path
 
-    from aspc.backends.cpu.hf_tokenizer import HfTokenizer
-    from aspc.backends.cpu.judge_prompt import TokenizerPrompt
-    from aspc.backends.cpu.tokenizer import CHARS
+    from aspc.rl.hf_tokenizer import HfTokenizer
+    from aspc.rl.judge_prompt import TokenizerPrompt
+    from aspc.rl.tokenizer import CHARS
 
     policy = HfTokenizer(Path(spec["policy_tokenizer"])) if spec.get("policy_tokenizer") else CHARS
     return TokenizerPrompt(HfTokenizer(Path(spec["tokenizer"])), policy, spec["rubric"], spec["max_seq"])

@@ -22,7 +22,7 @@ from aspc.backends.ascend.offload import Offloadable
 from aspc.backends.ascend.packing import feed, model_device, pack
 from aspc.backends.ascend.reshard import grouped_to_sequential
 from aspc.backends.ascend.weight_sync import gather_hf, whole_hf_in_place
-from aspc.backends.cpu.losses import group_advantages, policy_loss, step_divisor
+from aspc.rl.losses import group_advantages, policy_loss, step_divisor
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class MegatronTrainer(Offloadable):
     """The Trainer role (aspc/roles.py) on one megatron rank; every rank of the job runs the same
     calls in the same order (the driver's learner actor is rank 0, the others follow its calls:
     call_broadcast.py). `reward_fn` scores on the host (rule and python rewards); `loss` is aspc's
-    policy loss (backends/cpu/losses.py: the same surrogate the CPU backend trains with)."""
+    policy loss (aspc/rl/losses.py: the same surrogate the CPU backend trains with)."""
 
     def __init__(self, stage: dict, rank_args: dict, settings, reward_fn, sync, reference=None):
         """`sync`: how weights leave (a SyncSetup: the model's shape, the stage's parallel layout, the

@@ -40,11 +40,11 @@ from aspc.backends.ascend.lowering import lower
 from aspc.backends.ascend.process_env import node_address, node_addresses_from_env
 from aspc.backends.ascend.scorers import close_scorers, scorer_refusals, stage_scorer
 from aspc.backends.ascend.topology import NPUS_PER_NODE, device, pool_offsets
-from aspc.backends.cpu.data import PromptSource
+from aspc.rl.data import PromptSource
 from aspc.backends.cpu.executors import LEARNED, CpuExecutors, checkpoint_dir
-from aspc.backends.cpu.hf_tokenizer import HfTokenizer
-from aspc.backends.cpu.rewards import build_reward
-from aspc.backends.cpu.tokenizer import CHARS
+from aspc.rl.hf_tokenizer import HfTokenizer
+from aspc.rl.rewards import build_reward
+from aspc.rl.tokenizer import CHARS
 from aspc.controller.episodes import EpisodePolicy
 from aspc.ir.facts import DTYPE_BYTES, GIB, hardware_table
 from aspc.plan.execution_plan import ExecutionPlan, StageRefusal

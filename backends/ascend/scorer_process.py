@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from multiprocessing.connection import Client, Listener
 from types import SimpleNamespace
 
-from aspc.backends.cpu.rewards import RewardError
+from aspc.rl.rewards import RewardError
 
 START_TIMEOUT_S = 900.0  # megatron or vLLM loading a checkpoint onto NPUs
 CLOSE_TIMEOUT_S = 30.0  # an engine or megatron tearing down

@@ -14,8 +14,8 @@ import copy
 from pathlib import Path
 
 from aspc.backends.cpu.episodes import Environment, EpisodeGenerator
-from aspc.backends.cpu.tokenizer import EOS, decode, encode
-from aspc.backends.cpu.tool_calls import compact_observation
+from aspc.rl.tokenizer import EOS, decode, encode
+from aspc.rl.tool_calls import compact_observation
 from aspc.controller.episodes import MASKED, EpisodePolicy
 
 DEMO_EVERY = 2  # warm-start examples per one that shows a tool call (1 in 4 or 8 taught too little copying)

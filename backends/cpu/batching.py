@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from aspc.backends.cpu.model import TinyQwen, causal_mask
-from aspc.backends.cpu.tokenizer import PAD
+from aspc.rl.tokenizer import PAD
 
 
 @dataclass

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from aspc.backends.cpu.batching import make_batch
-from aspc.backends.cpu.call_batching import BatchedCalls
+from aspc.rl.call_batching import BatchedCalls
 from aspc.backends.cpu.generator import BatchGenerator
 from aspc.backends.cpu.judge import CpuJudge
 from aspc.backends.cpu.learner import Learner, Rollout, TrainSettings

@@ -17,8 +17,8 @@ import torch
 
 from aspc.backends.cpu.generator import BatchGenerator, Finished, Sequence
 from aspc.backends.cpu.model import cache_mask
-from aspc.backends.cpu.tokenizer import EOS, SYMBOLS, decode, encode
-from aspc.backends.cpu.tool_calls import COMPACT_CLOSE, Call, compact_observation, parse_compact
+from aspc.rl.tokenizer import EOS, SYMBOLS, decode, encode
+from aspc.rl.tool_calls import COMPACT_CLOSE, Call, compact_observation, parse_compact
 from aspc.controller import episodes as policy_terms
 from aspc.controller.episodes import Episode, EpisodePolicy
 

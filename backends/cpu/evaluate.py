@@ -4,7 +4,7 @@ from __future__ import annotations
 import copy
 
 from aspc.backends.cpu.generator import BatchGenerator
-from aspc.backends.cpu.tokenizer import CHARS
+from aspc.rl.tokenizer import CHARS
 
 HELD_OUT = 2 * 10**7  # prompt indices far from both the RL run and the warm start
 

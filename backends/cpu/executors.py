@@ -9,19 +9,19 @@ from pathlib import Path
 
 from aspc.backends.cpu import agentic, checkpoint
 from aspc.backends.cpu.checkpoint import CheckpointError
-from aspc.backends.cpu.data import DataError, Prompt, PromptSource
+from aspc.rl.data import DataError, Prompt, PromptSource
 from aspc.backends.cpu.generator import BatchGenerator, PolicyWeights
-from aspc.backends.cpu.hf_tokenizer import HfTokenizer
+from aspc.rl.hf_tokenizer import HfTokenizer
 from aspc.backends.cpu.hf_weights import load_hf_model
 from aspc.backends.cpu.learner import Learner, Rollout, TrainSettings
-from aspc.backends.cpu.losses import LOSS_DEFAULTS
+from aspc.rl.losses import LOSS_DEFAULTS
 from aspc.backends.cpu.model import TinyQwen
 from aspc.backends.cpu.judge import TRAIN_HINT as JUDGE_HINT
 from aspc.backends.cpu.judge import load_judge
 from aspc.backends.cpu.reward_model import TRAIN_HINT, checkpoint_path, load_reward_model
 from aspc.backends.cpu.scoring import JudgeScorer, RewardScorer, Shaping, build_terms
-from aspc.backends.cpu.tokenizer import CHARS, encode
-from aspc.backends.cpu.rewards import RULES, RewardError, build_reward, exact_match
+from aspc.rl.tokenizer import CHARS, encode
+from aspc.rl.rewards import RULES, RewardError, build_reward, exact_match
 from aspc.algorithms.slots import default_slots
 from aspc.backends.cpu.threads import use_threads
 from aspc.backends.cpu.warmstart import warm_start

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from aspc.backends.cpu.model import KVCache, TinyQwen, cache_mask
-from aspc.backends.cpu.tokenizer import EOS
+from aspc.rl.tokenizer import EOS
 
 
 @dataclass(frozen=True)

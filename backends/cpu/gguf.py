@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from aspc.backends.cpu.hf_tokenizer import HfError
+from aspc.rl.hf_tokenizer import HfError
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from aspc.backends.cpu.hf_tokenizer import HfError
+from aspc.rl.hf_tokenizer import HfError
 from aspc.backends.cpu.model import TinyQwen
 from aspc.ir.facts import ModelArch
 

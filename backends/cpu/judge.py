@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 
 from aspc.backends.cpu.batching import make_batch, token_logprobs
-from aspc.backends.cpu.data import DataError
+from aspc.rl.data import DataError
 from aspc.backends.cpu.model import TinyQwen
 from aspc.backends.cpu.reward_model import (Pair, RewardModelError, load_weights, read_pairs, save_weights, split,
                                             tiny_model)
-from aspc.backends.cpu.tokenizer import BOS, EOS, encode
+from aspc.rl.tokenizer import BOS, EOS, encode
 from aspc.ir.facts import ModelArch
 
 SEPARATOR = encode("#")

@@ -17,7 +17,7 @@ import torch
 
 from aspc.backends.cpu.batching import make_batch, token_logprobs, token_values
 from aspc.backends.cpu.generator import PolicyWeights
-from aspc.backends.cpu.losses import (LOSS_DEFAULTS, NonFiniteError, aggregate, default_aggregation, gae,
+from aspc.rl.losses import (LOSS_DEFAULTS, NonFiniteError, aggregate, default_aggregation, gae,
                                       group_advantages, off_policy_correction, overlong_penalty, policy_loss,
                                       step_divisor, value_loss, whiten)
 from aspc.algorithms.packing import first_fit_decreasing
@@ -322,6 +322,6 @@ def _pad(rows, width: int) -> torch.Tensor:
 
 
 def _decode(ids) -> str:
-    from aspc.backends.cpu.tokenizer import decode
+    from aspc.rl.tokenizer import decode
 
     return decode(ids)

@@ -21,8 +21,8 @@ import json
 import random
 from pathlib import Path
 
-from aspc.backends.cpu.rewards import exact_match
-from aspc.backends.cpu.tasks import example
+from aspc.rl.rewards import exact_match
+from aspc.rl.tasks import example
 
 SEED = 1009  # not the seed of any bundled pipeline's data
 
@@ -92,10 +92,10 @@ def _sampled_pairs(indices, warm_steps: int, seed: int, max_response: int, sampl
     the shape of the bundled pipelines' actor), or a written mistake when all its samples were right."""
     import torch
 
-    from aspc.backends.cpu.data import PromptSource
+    from aspc.rl.data import PromptSource
     from aspc.backends.cpu.generator import BatchGenerator
     from aspc.backends.cpu.model import TinyQwen
-    from aspc.backends.cpu.tokenizer import decode
+    from aspc.rl.tokenizer import decode
     from aspc.backends.cpu.warmstart import warm_start
     from aspc.ir.facts import ModelArch
 

@@ -16,9 +16,9 @@ from safetensors.torch import load_file, save_file
 
 from aspc.backends.cpu.batching import make_batch
 from aspc.backends.cpu.checkpoint import CheckpointError
-from aspc.backends.cpu.data import DataError, json_objects
+from aspc.rl.data import DataError, json_objects
 from aspc.backends.cpu.model import TinyQwen
-from aspc.backends.cpu.tokenizer import BOS, EOS, encode
+from aspc.rl.tokenizer import BOS, EOS, encode
 from aspc.ir.facts import ModelArch
 
 TRAIN_HINT = "train one with `aspc train-rm FILE.aspl --model NAME --data prefs.jsonl -o PATH`"

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import torch
 
-from aspc.backends.cpu.call_batching import BatchedCalls
+from aspc.rl.call_batching import BatchedCalls
 from aspc.backends.cpu.judge import CpuJudge
-from aspc.backends.cpu.losses import overlong_penalty
+from aspc.rl.losses import overlong_penalty
 from aspc.backends.cpu.reward_model import RewardModel
-from aspc.backends.cpu.rewards import (RULES, RewardError, load_callable, non_finite_reward, sample_text,
+from aspc.rl.rewards import (RULES, RewardError, load_callable, non_finite_reward, sample_text,
                                       score_one)
-from aspc.backends.cpu.tokenizer import decode
+from aspc.rl.tokenizer import decode
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from aspc.backends.cpu.batching import make_batch, token_logprobs
-from aspc.backends.cpu.tokenizer import CHARS
+from aspc.rl.tokenizer import CHARS
 
 
 def warm_start(model, prompts, steps: int, batch_size: int = 32, lr: float = 3e-3, first_index: int = 10**7,
