@@ -6,7 +6,8 @@ import torch
 
 from aspc.backends.cpu.agentic import demonstration, final_answer, is_masked
 from aspc.rl.data import Prompt
-from aspc.backends.cpu.learner import Learner, Rollout, TrainSettings
+from aspc.backends.cpu.learner import Learner
+from aspc.rl.rollout import Rollout, TrainSettings
 from aspc.backends.cpu.model import TinyQwen
 from aspc.rl.tokenizer import BOS, EOS, encode
 from aspc.rl.tool_calls import parse_compact, parse_hermes

@@ -255,7 +255,7 @@ def test_aspc_run_backend_ascend_runs_tool_calling_episodes_as_the_cpu_backend(a
 def test_the_megatron_trainer_packs_tool_tokens_out_of_every_loss_term():
     """An episode's tool results are attended to but in no loss term, as on the CPU learner."""
     from aspc.backends.ascend.packing import pack
-    from aspc.backends.cpu.learner import Rollout
+    from aspc.rl.rollout import Rollout
 
     episode = Rollout(prompt=[1, 2, 3], response=[4, 5, 6, 7, 8], behaviour_logprobs=[-0.1] * 5, prompt_text="",
                       answer=None, key=(0, 0, 0), loss_mask=[1, 0, 0, 1, 1])

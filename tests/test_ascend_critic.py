@@ -15,7 +15,8 @@ from aspc.backends.ascend.lowering import lower
 from aspc.backends.ascend.run_executors import AscendExecutors
 from aspc.backends.ascend.packing import pack
 from aspc.backends.cpu.executors import CpuExecutors
-from aspc.backends.cpu.learner import Learner, Rollout
+from aspc.backends.cpu.learner import Learner
+from aspc.rl.rollout import Rollout
 from aspc.plan.toolchain import compile_with_passes
 from conftest import ROOT
 from fake_comm import run_ranks

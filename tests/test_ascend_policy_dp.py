@@ -15,7 +15,7 @@ from aspc.backends.ascend.forward_only import PipelinedForward
 from aspc.backends.ascend.megatron_trainer import MegatronTrainer
 from aspc.backends.ascend.packing import pack
 from aspc.backends.cpu.executors import CpuExecutors
-from aspc.backends.cpu.learner import Rollout
+from aspc.rl.rollout import Rollout
 from aspc.backends.cpu.model import TinyQwen
 from aspc.plan.toolchain import compile_with_passes
 from conftest import ROOT

@@ -25,10 +25,11 @@ from aspc.backends.cpu.executors import CpuExecutors
 from aspc.rl.hf_tokenizer import HfTokenizer
 from aspc.backends.cpu.judge import NO, YES, CpuJudge, JudgeCallFailed, judge_input, load_judge
 from aspc.rl.judge_prompt import TokenizerPrompt
-from aspc.backends.cpu.learner import Rollout
+from aspc.rl.rollout import Rollout
 from aspc.backends.cpu.model import TinyQwen
 from aspc.backends.cpu.reward_model import load_reward_model
-from aspc.backends.cpu.scoring import RewardScorer, Shaping
+from aspc.backends.cpu.scoring import RewardScorer
+from aspc.rl.rollout import Shaping
 from aspc.rl.tokenizer import BOS, CHARS, EOS, encode
 from aspc.plan.toolchain import compile_with_passes
 from conftest import ROOT

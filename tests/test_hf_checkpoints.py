@@ -160,7 +160,7 @@ def test_prompts_are_in_the_chat_template(checkpoint):
     assert text == f"<|im_start|>user\n{prompt.text}<|im_end|>\n<|im_start|>assistant\n"
     assert executors.tokenizer.eos_ids == frozenset({EOS})
     assert executors.tokenizer.decode(tokenizer.encode("42", add_special_tokens=False) + [EOS, 5]) == "42"
-    assert executors.trainer().decode == executors.tokenizer.decode  # what rewards read
+    assert executors.trainer().task_reward.decode == executors.tokenizer.decode  # what rewards read
 
 
 def test_two_rl_steps_export_and_reload_in_transformers(checkpoint, aspc):

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from aspc.backends.cpu.batching import make_batch, token_logprobs
-from aspc.backends.cpu.learner import Learner, Rollout, TrainSettings
+from aspc.backends.cpu.learner import Learner
+from aspc.rl.rollout import Rollout, TrainSettings
 from aspc.rl.losses import (aggregate, gae, group_advantages, off_policy_correction, policy_loss,
                                       step_divisor, value_loss, whiten)
 from aspc.backends.cpu.model import TinyQwen

@@ -11,12 +11,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from aspc.backends.cpu.learner import Learner, Rollout, TrainSettings
+from aspc.backends.cpu.learner import Learner
+from aspc.rl.rollout import Rollout, TrainSettings
 from aspc.rl.losses import NonFiniteError
 from aspc.backends.cpu.model import TinyQwen
 from aspc.rl.rewards import (REWARD_TIMEOUT_S, TIMEOUT_ENV, RewardError, RewardExit, RewardTimeout,
                                        WeightedReward, call_with_timeout, load_callable, reward_timeout_s)
-from aspc.backends.cpu.scoring import RewardScorer, Shaping, build_terms
+from aspc.backends.cpu.scoring import RewardScorer, build_terms
+from aspc.rl.rollout import Shaping
 from aspc.rl.tokenizer import encode
 from aspc.controller.scoring import CallPolicy
 from aspc.drivers.local.scoring import GuardedJudge

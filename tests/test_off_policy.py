@@ -10,7 +10,8 @@ import torch
 from aspc.backends.cpu.batching import make_batch, token_logprobs
 from aspc.backends.cpu.executors import CpuExecutors
 from aspc.backends.cpu.generator import BatchGenerator, PolicyWeights
-from aspc.backends.cpu.learner import Learner, Rollout, TrainSettings
+from aspc.backends.cpu.learner import Learner
+from aspc.rl.rollout import Rollout, TrainSettings
 from aspc.rl.losses import LOSS_DEFAULTS
 from aspc.backends.cpu.model import TinyQwen
 from aspc.drivers.local.runtime import LocalRuntime, RunOptions

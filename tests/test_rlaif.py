@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from aspc.rl.call_batching import BatchedCalls
 from aspc.backends.cpu.executors import CpuExecutors, unsupported_stages
 from aspc.backends.cpu.judge import CpuJudge, agreement, load_judge, save_judge
-from aspc.backends.cpu.learner import Rollout
+from aspc.rl.rollout import Rollout
 from aspc.rl.losses import group_advantages
 from aspc.backends.cpu.model import TinyQwen
 from aspc.backends.cpu.reward_model import read_pairs, split

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from aspc.backends.cpu.checkpoint import CheckpointError
 from aspc.backends.cpu.executors import CpuExecutors
-from aspc.backends.cpu.learner import Rollout
+from aspc.rl.rollout import Rollout
 from aspc.backends.cpu.preferences import arith_pairs, wrong_answer
 from aspc.backends.cpu.reward_model import load_reward_model, pairwise_accuracy, read_pairs, split
 from aspc.rl.rewards import exact_match

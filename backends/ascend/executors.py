@@ -112,7 +112,7 @@ def run_follower(stage: dict, rank_args: dict, sync, reference: str | None = Non
 
     settings = start_rank(stage, rank_args)
     frozen = frozen_reference(stage, rank_args, reference)
-    trainer = MegatronTrainer(stage, rank_args, settings, reward_fn=None, sync=sync, reference=frozen)
+    trainer = MegatronTrainer(stage, rank_args, settings, task_reward=None, sync=sync, reference=frozen)
     return follow(trainer)
 
 

@@ -27,8 +27,16 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: floa
     vocab_parallel_cross_entropy is the negative log-likelihood, over [T, B])."""
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-    scaled = (logits / temperature).transpose(0, 1).contiguous().float()
+    scaled = (logits.float() / (temperature or 1.0)).transpose(0, 1).contiguous()  # in fp32, as the CPU learner
     return -vocab_parallel_cross_entropy(scaled, labels.t().contiguous()).t()
+
+
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """The sampling distribution's entropy per position, from the whole vocabulary's logits [B, T, V]
+    (tp = 1: with tp > 1 each rank holds a slice of the vocabulary, and an entropy bonus is refused
+    before the run, run_executors.trainer_refusals)."""
+    logp = torch.log_softmax(logits.float() / (temperature or 1.0), -1)
+    return -(logp.exp() * logp).sum(-1)
 
 
 def pipeline_group(stage: dict, rank: int) -> list[int]:

@@ -16,13 +16,14 @@ from dataclasses import dataclass
 import torch
 
 from aspc.backends.ascend.data_parallel import groups_over
-from aspc.backends.ascend.forward_only import PipelinedForward, token_logprobs
+from aspc.backends.ascend.forward_only import PipelinedForward, token_entropy, token_logprobs
 from aspc.backends.ascend.megatron_model import build_gpt, load_checkpoint, materialize
 from aspc.backends.ascend.offload import Offloadable
 from aspc.backends.ascend.packing import feed, model_device, pack
 from aspc.backends.ascend.reshard import grouped_to_sequential
 from aspc.backends.ascend.weight_sync import gather_hf, whole_hf_in_place
-from aspc.rl.losses import group_advantages, policy_loss, step_divisor
+from aspc.rl.losses import group_advantages, step_divisor
+from aspc.rl.objective import TokenTerms, micro_batch_loss
 
 
 @dataclass(frozen=True)
@@ -38,30 +39,31 @@ class SyncSetup:
 class MegatronTrainer(Offloadable):
     """The Trainer role (aspc/roles.py) on one megatron rank; every rank of the job runs the same
     calls in the same order (the driver's learner actor is rank 0, the others follow its calls:
-    call_broadcast.py). `reward_fn` scores on the host (rule and python rewards); `loss` is aspc's
-    policy loss (aspc/rl/losses.py: the same surrogate the CPU backend trains with)."""
+    call_broadcast.py). `task_reward` (aspc/rl/rollout.py) scores on the host (rule and python
+    rewards, overlong shaping) as the CPU learner does; the loss is aspc/rl/objective.py's, the CPU
+    learner's own (tests/test_trainer_differential.py)."""
 
-    def __init__(self, stage: dict, rank_args: dict, settings, reward_fn, sync, reference=None):
+    def __init__(self, stage: dict, rank_args: dict, settings, task_reward, sync, reference=None):
         """`sync`: how weights leave (a SyncSetup: the model's shape, the stage's parallel layout, the
         communicator, and on rank 0 the WeightSender)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         self.stage, self.settings = stage, settings
         model = self._wrapped(load_checkpoint(build_gpt(stage, rank_args), stage))
-        self._assemble(reward_fn, sync, reference, model, self._optimizer(model), get_forward_backward_func())
+        self._assemble(task_reward, sync, reference, model, self._optimizer(model), get_forward_backward_func())
         self.rank_args = rank_args
 
     @classmethod
-    def of_parts(cls, stage: dict, settings, sync, model, optimizer, step_func, reward_fn=None, reference=None):
+    def of_parts(cls, stage: dict, settings, sync, model, optimizer, step_func, task_reward=None, reference=None):
         """A trainer over given parts instead of megatron's (the CPU tests' fakes): a DDP-like `model`
         (scale_gradients), an optimizer whose step() gives (ok, grad norm, _), a schedule."""
         trainer = cls.__new__(cls)
         trainer.stage, trainer.settings, trainer.rank_args = stage, settings, {}
-        trainer._assemble(reward_fn, sync, reference, model, optimizer, step_func)
+        trainer._assemble(task_reward, sync, reference, model, optimizer, step_func)
         return trainer
 
-    def _assemble(self, reward_fn, sync, reference, model, optimizer, step_func) -> None:
-        self.reward_fn, self.sync, self.reference_model = reward_fn, sync, reference
+    def _assemble(self, task_reward, sync, reference, model, optimizer, step_func) -> None:
+        self.task_reward, self.sync, self.reference_model = task_reward, sync, reference
         self.model, self.optimizer, self.step_func = model, optimizer, step_func
         self.dp, self.pp = groups_over(self.stage, sync.comm, model_device(model))
         self.critic = None  # a follower's share of the PPO critic (attach_critic)
@@ -89,8 +91,7 @@ class MegatronTrainer(Offloadable):
         return get_megatron_optimizer(optimizer_config, [model])
 
     def reward(self, rollouts: list) -> None:
-        for r in rollouts:
-            r.reward = r.task_reward = self.reward_fn(r)
+        self.task_reward.score(rollouts)
 
     def reference(self, rollouts: list) -> None:
         """The reference's log-probs of each rollout's response tokens (the frozen reference, or the
@@ -148,11 +149,11 @@ class MegatronTrainer(Offloadable):
             logits = model(mb.input_ids, mb.position_ids, mb.attention_mask)
 
             def loss_func(output):
-                logp = token_logprobs(output, mb.labels, s.temperature)
-                kl = s.kl if mb.ref_logprobs is not None else 0.0  # the k3 penalty against the reference
-                loss, stats = policy_loss(logp, mb.old_logprobs, mb.ref_logprobs, mb.advantages, mb.loss_mask,
-                                          s.loss, s.clip, s.clip_high, kl, s.loss_agg)
-                return loss * count, {"loss": loss.detach(), **stats}
+                entropy = token_entropy(output, s.temperature) if s.entropy_coef else None
+                terms = TokenTerms(token_logprobs(output, mb.labels, s.temperature), mb.old_logprobs, mb.advantages,
+                                   mb.loss_mask, mb.ref_logprobs, entropy, mb.segments)
+                found = micro_batch_loss(terms, s)
+                return found.loss * count, {"loss": found.loss.detach(), "clipped_tokens": found.clipped_tokens}
 
             return logits, loss_func
 

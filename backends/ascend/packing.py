@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from aspc.rl.objective import segments_of
+
 
 @dataclass
 class MicroBatch:
@@ -27,6 +29,7 @@ class MicroBatch:
     keys: list
     spans: list  # each sequence's (first, end) label positions of its response tokens
     ref_logprobs: torch.Tensor | None = None  # the reference's, where the rollouts have them (the KL term)
+    segments: torch.Tensor | None = None  # [1, T]: the sequence each position is of (the loss's per-sequence means)
 
     def to(self, device) -> MicroBatch:
         """This micro-batch with its tensors on `device`."""
@@ -85,7 +88,8 @@ def _micro_batch(row: list, tokens: int, advantages: dict) -> MicroBatch:
     as_row = lambda values, dtype=torch.long: torch.tensor(values, dtype=dtype)[None]  # noqa: E731
     return MicroBatch(as_row(ids), as_row(pos), (~allowed)[None, None], as_row(labels), as_row(mask, torch.float),
                       as_row(old, torch.float), as_row(adv, torch.float), [r.key for r in row], spans,
-                      as_row(ref, torch.float) if all(r.ref_logprobs is not None for r in row) else None)
+                      as_row(ref, torch.float) if all(r.ref_logprobs is not None for r in row) else None,
+                      segments_of(spans, tokens))
 
 
 def per_sequence(logp: torch.Tensor, mb: MicroBatch) -> dict:

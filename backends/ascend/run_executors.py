@@ -44,6 +44,7 @@ from aspc.rl.data import PromptSource
 from aspc.backends.cpu.executors import LEARNED, CpuExecutors, checkpoint_dir
 from aspc.rl.hf_tokenizer import HfTokenizer
 from aspc.rl.rewards import build_reward
+from aspc.rl.rollout import Shaping, TaskReward
 from aspc.rl.tokenizer import CHARS
 from aspc.controller.episodes import EpisodePolicy
 from aspc.ir.facts import DTYPE_BYTES, GIB, hardware_table
@@ -107,6 +108,8 @@ class AscendExecutors(CpuExecutors):
                 found += critic_refusals(plan, stage)
             if stage.kind == "reward":
                 found += scorer_refusals(plan, stage)
+            if stage.kind == "train":
+                found += trainer_refusals(stage)
         return found
 
     def check_launch(self) -> None:
@@ -343,7 +346,8 @@ class AscendExecutors(CpuExecutors):
         sync = SyncSetup(arch, parallel, comm, self._sender(), colocated=self.colocated, layout=layout)
         stages = [dataclasses.asdict(s) for s in self.launch.stages]
         reference = frozen_reference(stage, rank0.model_args, reference_checkpoint(stages, stage))
-        return Leader(MegatronTrainer(stage, rank0.model_args, settings, self.reward_fn, sync, reference))
+        task_reward = TaskReward(self.reward_fn, self.tokenizer.decode, Shaping(settings.overlong, settings.max_tokens))
+        return Leader(MegatronTrainer(stage, rank0.model_args, settings, task_reward, sync, reference))
 
     def build_critic(self):
         """The critic (critic.py) beside trainer rank 0, on its NPU and megatron process groups
@@ -373,6 +377,21 @@ class AscendExecutors(CpuExecutors):
 
     def _rank0(self):
         return next(p for p in self.launch.processes if p.stage == self.train_stage.name and p.rank == 0)
+
+
+def trainer_refusals(stage) -> list[StageRefusal]:
+    """What the megatron trainer cannot honour, refused at the option: several epochs a step (each
+    sample is trained once, as on the CPU) and an entropy bonus over a vocabulary that tensor
+    parallelism splits across ranks (forward_only.token_entropy reads the whole vocabulary)."""
+    options, found = dict(stage.options), []
+    if options.get("epochs", 1) != 1:
+        found.append(StageRefusal(stage.name, f"stage '{stage.name}': the megatron trainer trains one epoch per "
+                                              "step", "set epochs = 1", "epochs"))
+    if options.get("entropy_coef") and stage.parallel.tp > 1:
+        found.append(StageRefusal(stage.name, f"stage '{stage.name}': an entropy bonus needs the whole vocabulary's "
+                                              f"logits, and tp = {stage.parallel.tp} splits them across ranks",
+                                  "set entropy_coef = 0, or tp = 1", "entropy_coef"))
+    return found
 
 
 def colocated_refusals(plan: ExecutionPlan, stage, runtime: str | None) -> list[StageRefusal]:

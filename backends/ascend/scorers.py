@@ -18,7 +18,8 @@ import dataclasses
 from aspc.backends.ascend.process_env import node_addresses_from_env
 from aspc.backends.ascend.scorer_process import ScorerFailed, ScorerProcess
 from aspc.backends.cpu.executors import checkpoint_dir
-from aspc.backends.cpu.scoring import RewardScorer, Shaping, build_terms
+from aspc.backends.cpu.scoring import RewardScorer, build_terms
+from aspc.rl.rollout import Shaping
 from aspc.plan.execution_plan import ExecutionPlan, StageRefusal
 
 LEARNED = ("model", "judge")

@@ -32,7 +32,8 @@ from aspc.backends.cpu.batching import make_batch
 from aspc.rl.call_batching import BatchedCalls
 from aspc.backends.cpu.generator import BatchGenerator
 from aspc.backends.cpu.judge import CpuJudge
-from aspc.backends.cpu.learner import Learner, Rollout, TrainSettings
+from aspc.backends.cpu.learner import Learner
+from aspc.rl.rollout import Rollout, TrainSettings
 from aspc.backends.cpu.model import TinyQwen
 from aspc.costmodel.calibrated import Calibration
 

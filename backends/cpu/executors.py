@@ -13,13 +13,15 @@ from aspc.rl.data import DataError, Prompt, PromptSource
 from aspc.backends.cpu.generator import BatchGenerator, PolicyWeights
 from aspc.rl.hf_tokenizer import HfTokenizer
 from aspc.backends.cpu.hf_weights import load_hf_model
-from aspc.backends.cpu.learner import Learner, Rollout, TrainSettings
+from aspc.backends.cpu.learner import Learner
+from aspc.rl.rollout import Rollout, TrainSettings
 from aspc.rl.losses import LOSS_DEFAULTS
 from aspc.backends.cpu.model import TinyQwen
 from aspc.backends.cpu.judge import TRAIN_HINT as JUDGE_HINT
 from aspc.backends.cpu.judge import load_judge
 from aspc.backends.cpu.reward_model import TRAIN_HINT, checkpoint_path, load_reward_model
-from aspc.backends.cpu.scoring import JudgeScorer, RewardScorer, Shaping, build_terms
+from aspc.backends.cpu.scoring import JudgeScorer, RewardScorer, build_terms
+from aspc.rl.rollout import Shaping
 from aspc.rl.tokenizer import CHARS, encode
 from aspc.rl.rewards import RULES, RewardError, build_reward, exact_match
 from aspc.algorithms.slots import default_slots

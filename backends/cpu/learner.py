@@ -11,75 +11,23 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
 
 import torch
 
 from aspc.backends.cpu.batching import make_batch, token_logprobs, token_values
 from aspc.backends.cpu.generator import PolicyWeights
-from aspc.rl.losses import (LOSS_DEFAULTS, NonFiniteError, aggregate, default_aggregation, gae,
-                                      group_advantages, off_policy_correction, overlong_penalty, policy_loss,
-                                      step_divisor, value_loss, whiten)
+from aspc.rl.losses import NonFiniteError, gae, group_advantages, step_divisor, value_loss, whiten
+from aspc.rl.objective import TokenTerms, micro_batch_loss
+from aspc.rl.rollout import Rollout, Shaping, TaskReward, TrainSettings
 from aspc.algorithms.packing import first_fit_decreasing
-
-
-@dataclass
-class Rollout:
-    """One sample as it moves through the learner."""
-
-    prompt: list[int]
-    response: list[int]
-    behaviour_logprobs: list[float]
-    prompt_text: str
-    answer: str | None
-    metadata: dict = field(default_factory=dict)
-    reward: float = 0.0  # what the advantage uses: the task's reward plus any shaping
-    task_reward: float = 0.0  # the reward functions' score alone
-    ref_logprobs: list[float] | None = None
-    values: list[float] | None = None
-    key: tuple | None = None  # the sample id, so a remote learner can keep its copy
-    masked: bool = False  # its score failed (aspc/controller/scoring.py): the fallback reward, advantage 0
-    loss_mask: list[int] | None = None  # agentic: 0 on tool tokens, which no loss term counts
-    episode: dict | None = None  # agentic: turns, tool calls, why it ended (aspc/controller/episodes.py)
-    text: str | None = None  # what the reward reads (agentic: the final answer); None: the whole response
-    policy_version: int = 0  # the policy it was generated under (PolicyWeights.version)
-
-
-@dataclass
-class TrainSettings:
-    loss: str
-    lr: float
-    kl: float
-    clip: float
-    clip_high: float
-    value_coef: float
-    entropy_coef: float
-    micro_tokens: int
-    weight_decay: float
-    grad_clip: float
-    overlong: int
-    max_tokens: int
-    estimator: str
-    gamma: float
-    lam: float
-    normalize: bool
-    group: int
-    critic_lr: float = 1e-5
-    loss_agg: str | None = LOSS_DEFAULTS["loss_agg"]  # None: by loss (default_aggregation)
-    off_policy: str = LOSS_DEFAULTS["off_policy"]  # clip | tis | decoupled
-    is_cap: float = LOSS_DEFAULTS["is_cap"]
-    value_clip: float = LOSS_DEFAULTS["value_clip"]  # 0: off
-    temperature: float = 1.0  # the sampling temperature: log-probs are of the logits over it
-
-    @property
-    def aggregation(self) -> str:
-        return self.loss_agg or default_aggregation(self.loss)
 
 
 class Learner:
     def __init__(self, actor, ref, critic, settings: TrainSettings, reward_fn, decode=None):
+        """`reward_fn(prompt, response text, answer, metadata)`: the pipeline's rule and python
+        rewards; `decode`: response ids -> that text (the model's tokenizer)."""
         self.actor, self.ref, self.critic, self.s, self.reward_fn = actor, ref, critic, settings, reward_fn
-        self.decode = decode or _decode  # response ids -> the text rewards read (the model's tokenizer)
+        self.task_reward = TaskReward(reward_fn, decode or _decode, Shaping(settings.overlong, settings.max_tokens))
         self.optimizer = torch.optim.AdamW(actor.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
         self.critic_optimizer = None if critic is None else torch.optim.AdamW(critic.parameters(),
                                                                               lr=settings.critic_lr)
@@ -89,11 +37,7 @@ class Learner:
 
     # ---- forward stages ----
     def reward(self, rollouts: list[Rollout]) -> None:
-        for r in rollouts:
-            text = r.text if r.text is not None else self.decode(r.response)
-            r.task_reward = r.reward = self.reward_fn(r.prompt_text, text, r.answer, r.metadata)
-            if self.shaped:
-                r.reward += overlong_penalty(model_tokens(r), self.s.max_tokens, self.s.overlong)
+        self.task_reward.score(rollouts)
 
     @torch.no_grad()
     def reference(self, rollouts: list[Rollout]) -> None:
@@ -124,20 +68,16 @@ class Learner:
             if chunk[0].loss_mask is not None:  # tool tokens: attended to, in no loss term
                 mask = mask * _pad([r.loss_mask for r in chunk], batch.width)
             logp, entropy = token_logprobs(self.actor, batch, self.s.temperature)
-            rollout = _pad([r.behaviour_logprobs for r in chunk], batch.width)
-            correction = off_policy_correction(logp.detach(), rollout, self.s.off_policy, self.s.is_cap)
             ref = _pad([r.ref_logprobs for r in chunk], batch.width) if chunk[0].ref_logprobs is not None else None
-            adv = _pad([token_adv[i] for i in chunk_idx], batch.width)
-            loss, info = policy_loss(logp, correction.old_logp, ref, adv, mask, self.s.loss, self.s.clip,
-                                     self.s.clip_high, self.s.kl, self.s.aggregation, correction.weights)
-            if self.s.entropy_coef:  # aggregated as the policy loss is (verl compute_entropy_loss)
-                loss = loss - self.s.entropy_coef * aggregate(entropy, mask, self.s.aggregation)
-            self._require_finite_loss(float(loss.detach()), "policy", chunk)
-            loss.backward()
+            terms = TokenTerms(logp, _pad([r.behaviour_logprobs for r in chunk], batch.width),
+                               _pad([token_adv[i] for i in chunk_idx], batch.width), mask, ref, entropy)
+            found = micro_batch_loss(terms, self.s)
+            self._require_finite_loss(float(found.loss.detach()), "policy", chunk)
+            found.loss.backward()
             if self.critic is not None:
                 self.step_stats.value_loss += self._value_loss(chunk, batch, mask, [returns[i] for i in chunk_idx])
-            self.step_stats.add(chunk, float(loss.detach()), float(mask.sum()), info["clipped_tokens"])
-            self.step_stats.add_weights([self.version - r.policy_version for r in chunk], correction, mask)
+            self.step_stats.add(chunk, float(found.loss.detach()), found.tokens, found.clipped_tokens)
+            self.step_stats.add_weights([self.version - r.policy_version for r in chunk], found.correction, mask)
 
     def _advantages(self, rollouts: list[Rollout]):
         if self.s.estimator == "gae":
@@ -279,11 +219,6 @@ class _StepStats:
         rows = sorted((s, w) for s, w in self.weights.items() if w[1] > 0)
         return {"is_weight": {str(s): w[0] / w[1] for s, w in rows},
                 "is_capped": {str(s): w[2] / w[1] for s, w in rows}} if rows else {}
-
-
-def model_tokens(r: Rollout) -> int:
-    """Tokens the model wrote (tool tokens do not count against its budget)."""
-    return sum(r.loss_mask) if r.loss_mask is not None else len(r.response)
 
 
 def episode_metrics(episodes: list[dict]) -> dict:

@@ -8,24 +8,16 @@ takes it as a failed call: the sample is masked with the judge's fallback reward
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from aspc.rl.call_batching import BatchedCalls
 from aspc.backends.cpu.judge import CpuJudge
-from aspc.rl.losses import overlong_penalty
 from aspc.backends.cpu.reward_model import RewardModel
-from aspc.rl.rewards import (RULES, RewardError, load_callable, non_finite_reward, sample_text,
-                                      score_one)
+from aspc.rl.rewards import RULES, RewardError, load_callable, non_finite_reward, sample_text, score_one
+from aspc.rl.rollout import Shaping
 from aspc.rl.tokenizer import decode
-
-
-@dataclass(frozen=True)
-class Shaping:
-    overlong: int  # DAPO's overlong shaping buffer (any loss); 0: none
-    max_tokens: int
 
 
 class RewardScorer:
@@ -41,9 +33,8 @@ class RewardScorer:
         for term, weight in self.terms:
             totals = [t + weight * s for t, s in zip(totals, finite_scores(term, rollouts))]
         for r, total in zip(rollouts, totals):
-            r.task_reward = r.reward = total
-            if self.shaping.overlong:
-                r.reward += overlong_penalty(len(r.response), self.shaping.max_tokens, self.shaping.overlong)
+            r.task_reward = total
+            self.shaping.shape(r)
 
     judge = score
 

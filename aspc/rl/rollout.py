@@ -1,0 +1,101 @@
+"""A sample as every trainer sees it (`Rollout`), the train stage's settings (`TrainSettings`), and
+how a trainer scores its samples on the host (`TaskReward`): the pipeline's rule and python reward
+functions on the response's text, plus DAPO's overlong shaping. Every trainer (the CPU learner, the
+megatron trainer) and every reward executor scores through these, so a reward function is called
+the same way everywhere: function(prompt, response text, answer, metadata)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aspc.rl.losses import LOSS_DEFAULTS, default_aggregation, overlong_penalty
+
+
+@dataclass
+class Rollout:
+    """One sample as it moves through the learner."""
+
+    prompt: list[int]
+    response: list[int]
+    behaviour_logprobs: list[float]
+    prompt_text: str
+    answer: str | None
+    metadata: dict = field(default_factory=dict)
+    reward: float = 0.0  # what the advantage uses: the task's reward plus any shaping
+    task_reward: float = 0.0  # the reward functions' score alone
+    ref_logprobs: list[float] | None = None
+    values: list[float] | None = None
+    key: tuple | None = None  # the sample id, so a remote learner can keep its copy
+    masked: bool = False  # its score failed (aspc/controller/scoring.py): the fallback reward, advantage 0
+    loss_mask: list[int] | None = None  # agentic: 0 on tool tokens, which no loss term counts
+    episode: dict | None = None  # agentic: turns, tool calls, why it ended (aspc/controller/episodes.py)
+    text: str | None = None  # what the reward reads (agentic: the final answer); None: the whole response
+    policy_version: int = 0  # the policy it was generated under (the published weights' version)
+
+
+@dataclass
+class TrainSettings:
+    loss: str
+    lr: float
+    kl: float
+    clip: float
+    clip_high: float
+    value_coef: float
+    entropy_coef: float
+    micro_tokens: int
+    weight_decay: float
+    grad_clip: float
+    overlong: int
+    max_tokens: int
+    estimator: str
+    gamma: float
+    lam: float
+    normalize: bool
+    group: int
+    critic_lr: float = 1e-5
+    loss_agg: str | None = LOSS_DEFAULTS["loss_agg"]  # None: by loss (default_aggregation)
+    off_policy: str = LOSS_DEFAULTS["off_policy"]  # clip | tis | decoupled
+    is_cap: float = LOSS_DEFAULTS["is_cap"]
+    value_clip: float = LOSS_DEFAULTS["value_clip"]  # 0: off
+    temperature: float = 1.0  # the sampling temperature: log-probs are of the logits over it
+
+    @property
+    def aggregation(self) -> str:
+        return self.loss_agg or default_aggregation(self.loss)
+
+
+def model_tokens(r: Rollout) -> int:
+    """Tokens the model wrote (tool tokens do not count against its budget)."""
+    return sum(r.loss_mask) if r.loss_mask is not None else len(r.response)
+
+
+@dataclass(frozen=True)
+class Shaping:
+    """DAPO's overlong shaping of the task's reward (any loss): 0 up to max_tokens - overlong model
+    tokens, then linearly down to -1 at max_tokens; overlong 0: none."""
+
+    overlong: int
+    max_tokens: int
+
+    def shape(self, r: Rollout) -> None:
+        """`r.reward` from `r.task_reward`, with the penalty of its length."""
+        r.reward = r.task_reward
+        if self.overlong:
+            r.reward += overlong_penalty(model_tokens(r), self.max_tokens, self.overlong)
+
+
+@dataclass(frozen=True)
+class TaskReward:
+    """How a trainer scores rollouts on the host: `function(prompt, response text, answer,
+    metadata)` (aspc/rl/rewards.py's WeightedReward), the text decoded by the policy's tokenizer
+    unless the rollout carries the text a reward reads (agentic: the final answer), then shaped."""
+
+    function: Callable
+    decode: Callable  # response ids -> text
+    shaping: Shaping
+
+    def score(self, rollouts: list[Rollout]) -> None:
+        for r in rollouts:
+            text = r.text if r.text is not None else self.decode(r.response)
+            r.task_reward = self.function(r.prompt_text, text, r.answer, r.metadata)
+            self.shaping.shape(r)

@@ -1,0 +1,177 @@
+"""The trainers' differential test (issue 31, item 6): the same samples through the CPU learner
+(padded rows, one sequence each) and through the megatron trainer's loss path (packed rows of
+several sequences, block-diagonal attention, megatron's vocab_parallel_cross_entropy on one gloo
+rank) give the same step loss and the same gradient, to 1e-5 relative in fp32 -- for every loss
+and aggregation mode, every off-policy correction, the entropy bonus, overlong shaping and several
+pack budgets. Both call aspc/rl/objective.py and score through aspc/rl/rollout.py's TaskReward, so
+this holds by construction; before that the megatron trainer averaged GRPO over each packed row
+(gradient norm 0.05-0.52x the CPU learner's), called the reward function with one argument and
+ignored off_policy, is_cap, entropy_coef and overlong.
+
+megatron's schedule is the no-pipelining fake of tests/test_ascend_critic.py (megatron-core's own
+calls CUDA on a CPU); the model is the CPU backend's TinyQwen as one pipeline stage (fake_pipeline.py),
+so both trainers differentiate the same weights."""
+import copy
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from aspc.backends.ascend.megatron_trainer import MegatronTrainer
+from aspc.backends.ascend.packing import pack
+from aspc.backends.ascend.run_executors import AscendExecutors
+from aspc.backends.cpu.executors import CpuExecutors
+from aspc.backends.cpu.learner import Learner
+from aspc.backends.cpu.model import TinyQwen
+from aspc.plan.toolchain import compile_with_passes
+from aspc.rl.rollout import Rollout, Shaping, TaskReward
+from aspc.rl.tokenizer import decode
+from conftest import ROOT
+from fake_pipeline import PipelineStage
+from test_ascend_critic import forward_backward
+from test_ascend_executors import one_rank  # noqa: F401 (a fixture)
+
+GRPO = ROOT / "pipelines" / "tiny_grpo.aspl"
+LONGEST = 3 + 4 + 2 + 6  # prompt + response tokens of the longest sample below
+
+
+def length_reward(prompt: str, response: str, answer, metadata: dict) -> float:
+    """Varies within a group, from the decoded text: 1 for an even number of characters."""
+    return float(len(response) % 2 == 0) + 0.25 * len(prompt) / 10
+
+
+def samples(values: bool) -> list[Rollout]:
+    """Two groups of four with varied lengths; behaviour log-probs away from the policy's (so the
+    off-policy weights and the clip act), reference log-probs (the KL term), critic values for GAE."""
+    generator = torch.Generator().manual_seed(3)
+    out = []
+    for i in range(8):
+        n_prompt, n_response = 3 + i % 4, 2 + (3 * i) % 7
+        prompt, response = (torch.randint(1, 32, (n,), generator=generator).tolist() for n in (n_prompt, n_response))
+        behaviour = (-3.5 + 0.8 * torch.randn(n_response, generator=generator)).tolist()
+        reference = (-3.5 + 0.5 * torch.randn(n_response, generator=generator)).tolist()
+        value = torch.randn(n_response, generator=generator).tolist() if values else None
+        out.append(Rollout(prompt, response, behaviour, f"p{i}", None, key=(0, i), ref_logprobs=reference,
+                           values=value))
+    return out
+
+
+class RecordingOptimizer:
+    """Both trainers' optimizer as they call it: step() keeps the gradients it would apply (after
+    the trainer divided them by the step's divisor) and steps nothing; -> megatron's (ok, norm, _)."""
+
+    def __init__(self, model, prefix: str = ""):
+        self.model, self.prefix, self.gradients = model, prefix, {}
+
+    def step(self):
+        self.gradients = {name.removeprefix(self.prefix): p.grad.detach().clone()
+                          for name, p in self.model.named_parameters() if p.grad is not None}
+        return True, float(torch.cat([g.flatten() for g in self.gradients.values()]).norm()), None
+
+    def zero_grad(self, set_to_none: bool = True):
+        self.model.zero_grad(set_to_none=set_to_none)
+
+
+class MegatronPolicy(PipelineStage):
+    """TinyQwen as one pipeline stage with DDP's scale_gradients (megatron's GPTModel of pp = 1)."""
+
+    def scale_gradients(self, factor: float) -> None:
+        for p in self.parameters():
+            if p.grad is not None:
+                p.grad *= factor
+
+
+def settings_for(**changes):
+    base = CpuExecutors(compile_with_passes(GRPO).plan(), GRPO.parent)._settings()
+    return dataclasses.replace(base, **({"grad_clip": 0.0, "temperature": 0.7, "kl": 0.05} | changes))
+
+
+def task_reward(settings) -> TaskReward:
+    return TaskReward(length_reward, decode, Shaping(settings.overlong, settings.max_tokens))
+
+
+def cpu_step(whole: TinyQwen, settings, rollouts: list[Rollout]) -> tuple[dict, dict]:
+    learner = Learner(copy.deepcopy(whole), None, None, settings, length_reward, decode)
+    learner.optimizer = RecordingOptimizer(learner.actor)
+    learner.reward(rollouts)
+    learner.train(rollouts)
+    return learner.optimizer_step(), learner.optimizer.gradients
+
+
+def megatron_step(whole: TinyQwen, settings, rollouts: list[Rollout], tokens: int) -> tuple[dict, dict]:
+    model = MegatronPolicy(copy.deepcopy(whole), range(whole.arch.layers), True, True)
+    optimizer = RecordingOptimizer(model, "whole.")
+    stage = {"micro_batching": {"tokens": tokens}, "groups": {"dp": [[0]], "pp": [[0]]}}
+    trainer = MegatronTrainer.of_parts(stage, settings, SimpleNamespace(comm=None), model, optimizer,
+                                       forward_backward, task_reward(settings))
+    trainer.reward(rollouts)
+    trainer.train(rollouts)
+    return trainer.optimizer_step(), optimizer.gradients
+
+
+MODES = {
+    "grpo": {},
+    "dapo": {"loss": "dapo", "clip_high": 0.28},
+    "seq-mean-token-sum": {"loss_agg": "seq_mean_token_sum"},
+    "seq-mean-token-sum-norm": {"loss_agg": "seq_mean_token_sum_norm"},
+    "token-mean": {"loss_agg": "token_mean"},
+    "tis": {"off_policy": "tis", "is_cap": 1.5},
+    "decoupled": {"off_policy": "decoupled", "is_cap": 1.5},
+    "entropy": {"entropy_coef": 0.01},
+    "overlong": {"overlong": 4, "max_tokens": 8},
+    "ppo-gae": {"loss": "ppo", "estimator": "gae", "normalize": True},
+    "rloo-no-kl": {"estimator": "rloo", "normalize": False, "kl": 0.0},
+}
+
+
+@pytest.mark.parametrize("tokens", [LONGEST, 24, 64], ids=["one-a-row", "packed-24", "packed-64"])
+@pytest.mark.parametrize("mode", MODES)
+def test_the_cpu_learner_and_the_megatron_trainer_give_the_same_loss_and_gradient(one_rank, mode, tokens):  # noqa: F811
+    settings = settings_for(**MODES[mode])
+    whole = TinyQwen(CpuExecutors(compile_with_passes(GRPO).plan(), GRPO.parent).actor.arch, seed=0)
+    values = settings.estimator == "gae"
+    cpu, cpu_grads = cpu_step(whole, settings, samples(values))
+    rows = pack(samples(values), tokens)
+    npu, npu_grads = megatron_step(whole, settings, samples(values), tokens)
+    assert tokens == LONGEST or any(len(mb.keys) > 1 for mb in rows)  # packed: some row holds several sequences
+    assert npu["loss"] == pytest.approx(cpu["loss"], rel=1e-5, abs=1e-8)
+    assert cpu_grads.keys() == npu_grads.keys() and cpu_grads
+    for name, gradient in cpu_grads.items():
+        scale = float(gradient.norm()) or 1.0
+        assert float((npu_grads[name] - gradient).norm()) <= 1e-5 * scale + 1e-9, name
+    assert npu["grad_norm"] == pytest.approx(cpu["grad_norm"], rel=1e-5)
+
+
+def test_both_trainers_call_the_reward_function_the_same_way(one_rank):  # noqa: F811
+    """The host's TaskReward, the CPU learner and the megatron trainer give every sample the same
+    task reward and shaped reward (function(prompt, response text, answer, metadata), then DAPO's
+    overlong penalty over the tokens the model wrote)."""
+    settings = settings_for(overlong=4, max_tokens=8)
+    by_cpu, by_npu, by_host = samples(False), samples(False), samples(False)
+    Learner(TinyQwen(CpuExecutors(compile_with_passes(GRPO).plan(), GRPO.parent).actor.arch, seed=0), None, None,
+            settings, length_reward, decode).reward(by_cpu)
+    trainer = MegatronTrainer.of_parts({"micro_batching": {"tokens": 64}, "groups": {"dp": [[0]], "pp": [[0]]}},
+                                       settings, SimpleNamespace(comm=None), torch.nn.Linear(1, 1), None,
+                                       forward_backward, task_reward(settings))
+    trainer.reward(by_npu)
+    task_reward(settings).score(by_host)
+    rewards = [[(r.task_reward, r.reward) for r in rs] for rs in (by_cpu, by_npu, by_host)]
+    assert rewards[0] == rewards[1] == rewards[2]
+    assert any(r.reward < r.task_reward for r in by_cpu)  # the overlong penalty acted
+
+
+def plan_with(tmp_path, options: str, tp: int = 1):
+    """tiny_grpo with more options on its train stage (and its tensor parallelism)."""
+    source = GRPO.read_text().replace("micro_tokens = 1k", f"micro_tokens = 1k, tp = {tp}, {options}")
+    path = tmp_path / "p.aspl"
+    path.write_text(source.replace("pool cpu = cpu x 2", "pool cpu = cpu x 4"))
+    return compile_with_passes(path).plan()
+
+
+@pytest.mark.parametrize("options, tp, option", [("epochs = 2", 1, "epochs"),
+                                                 ("entropy_coef = 0.01", 2, "entropy_coef")])
+def test_what_the_megatron_trainer_cannot_honour_is_refused_at_the_option(tmp_path, options, tp, option):
+    refused = AscendExecutors.unsupported(plan_with(tmp_path, options, tp), runtime=None)
+    assert [r.option for r in refused] == [option], refused
+    assert AscendExecutors.unsupported(plan_with(tmp_path, "entropy_coef = 0.01"), runtime=None) == []  # tp = 1
