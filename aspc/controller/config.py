@@ -94,8 +94,8 @@ class ControllerConfig:
         gen, train = generators[0], trainers[0]
         data = plan.dataset(gen.data)
         dispatch = next((d for d in plan.dispatches if d.target == gen.name), None)
-        routed = [s for s in plan.stages if s.kind in ("reward", "reference", "critic")]
-        on_devices = [s for s in routed if rule_for(s).role is not None] + [train]
+        routed = [s for s in plan.stages if rule_for(s).before_train]
+        on_devices = [s for s in routed if rule_for(s).on_devices] + [train]
         executors = _executors(on_devices, gen)
         max_prompts = _max_prompts(train, data, routed)
         forward = tuple(RoutedStage(s.name, s.kind, rule_for(s).role,  # filtering decides on each group's rewards
