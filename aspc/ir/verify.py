@@ -96,6 +96,9 @@ def _inserted_node_problems(graph: StageGraph, stage: Stage) -> list[str]:
             return [f"{where}: capacity {channel.capacity} != (staleness + 1) x samples per step"]
     if stage.kind is StageKind.DISPATCH and [c.name for c in consumers] != [stage.dispatch.target]:
         return [f"{where}: must feed exactly its target '{stage.dispatch.target}'"]
+    if stage.kind is StageKind.DISPATCH and not KIND_RULES[consumers[0].kind].dispatched:
+        return [f"{where}: routes a {consumers[0].kind.name} stage, whose work no dispatch policy routes "
+                "(the kind table: aspc/ir/kinds.py)"]
     if stage.kind is StageKind.WEIGHT_SYNC:
         kinds = ([p.kind for p in producers], [c.kind for c in consumers])
         if kinds != ([StageKind.TRAIN], [StageKind.GENERATE]):
