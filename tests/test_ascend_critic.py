@@ -16,7 +16,7 @@ from aspc.backends.ascend.run_executors import AscendExecutors
 from aspc.backends.ascend.packing import pack
 from aspc.backends.cpu.executors import CpuExecutors
 from aspc.backends.cpu.learner import Learner, Rollout
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from conftest import ROOT
 from fake_comm import run_ranks
 from fake_pipeline import PipelineStage, pipeline_schedule
