@@ -13,7 +13,7 @@ from pathlib import Path
 from aspc.accounting.measured import bubble_shares
 from aspc.backends.cpu.executors import CpuExecutors
 from aspc.drivers.local.runtime import LocalRuntime, RunOptions
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 
 PIPELINE = Path(__file__).resolve().parent.parent / "pipelines" / "tiny_agentic.aspl"
 HELD_OUT = 256

@@ -22,7 +22,7 @@ from aspc.drivers.sim.result import simulate
 from aspc.frontend.compiler import compile_file, compile_source
 from aspc.frontend.layouts import BaselineUnavailable, compile_baseline
 from aspc.passes.layout_search import search
-from aspc.plan.toolchain import run_schedule
+from aspc.cli.toolchain import run_schedule
 
 
 def simulated(text: str, base: Path, schedule: str, steps: int):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from aspc.ir.graph import StageKind
 from aspc.algorithms.packing import padding_report
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from aspc.costmodel.workload import sample_step
 
 ROOT = Path(__file__).resolve().parent.parent

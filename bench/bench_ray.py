@@ -14,7 +14,7 @@ from aspc.controller.events import InstanceIdle, SampleFinished, Start
 from aspc.backends.cpu.executors import CpuExecutors
 from aspc.drivers.local.runtime import LocalRuntime, RunOptions
 from aspc.drivers.ray.runtime import RayRuntime
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 
 ROOT = Path(__file__).resolve().parent.parent
 

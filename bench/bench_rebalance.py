@@ -17,7 +17,7 @@ from aspc.backends.sim.pricing import RooflinePricing
 from aspc.controller.rebalance import rebalance_policy
 from aspc.drivers.sim.driver import Simulation
 from aspc.drivers.sim.result import collect
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 
 PIPELINES = Path(__file__).resolve().parent.parent / "pipelines"
 WORKLOADS = ("grpo_7b", "dapo_32b", "grpo_30b_moe", "rlhf_32b_rm", "rlaif_7b_judge", "agentic_7b")

@@ -18,7 +18,7 @@ from pathlib import Path
 from aspc.backends.sim.pricing import RooflinePricing
 from aspc.drivers.sim.driver import Simulation
 from aspc.drivers.sim.result import collect
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEDULES = ["sync-naive", "sync", "asp"]

@@ -31,7 +31,7 @@ from aspc.backends.sim.pricing import RooflinePricing
 from aspc.drivers.local.runtime import LocalRuntime, RunOptions
 from aspc.drivers.sim.result import simulate
 from aspc.ir.values import Call
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINES = ("tiny_grpo", "tiny_grpo_split", "tiny_ppo", "tiny_rlhf", "tiny_rlaif", "tiny_agentic")

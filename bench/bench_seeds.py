@@ -26,7 +26,7 @@ def one_run(pipeline: str, seed: int, schedule: str, steps: int, overrides: list
     """Inside a child process: warm start, accuracy, RL, accuracy."""
     from aspc.backends.cpu.executors import CpuExecutors
     from aspc.drivers.local.runtime import LocalRuntime, RunOptions
-    from aspc.plan.toolchain import compile_with_passes
+    from aspc.cli.toolchain import compile_with_passes
 
     plan = compile_with_passes(ROOT / "pipelines" / f"{pipeline}.aspl", overrides, schedule).plan()
     runtime = LocalRuntime(plan, ROOT / "pipelines", RunOptions(steps=steps, seed=seed), CpuExecutors)

@@ -22,7 +22,7 @@ def runs(method: str, count: int) -> list[float]:
     from aspc.backends.cpu.executors import CpuExecutors
     from aspc.drivers.local import processes
     from aspc.drivers.local.runtime import LocalRuntime, RunOptions
-    from aspc.plan.toolchain import compile_with_passes
+    from aspc.cli.toolchain import compile_with_passes
 
     processes.START = method
     path = ROOT / "pipelines" / "tiny_grpo.aspl"

@@ -20,7 +20,7 @@ from aspc.drivers.sim.report import COLOCATED_SYNC
 from aspc.drivers.sim.result import simulate
 from aspc.frontend.compiler import compile_file
 from aspc.frontend.layouts import BaselineUnavailable, compile_baseline
-from aspc.plan.toolchain import compile_with_passes, run_schedule
+from aspc.cli.toolchain import compile_with_passes, run_schedule
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = ["grpo_7b", "dapo_32b", "grpo_30b_moe", "r1_zero_671b"]

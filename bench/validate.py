@@ -28,7 +28,7 @@ from pathlib import Path
 from aspc.accounting.ledger import CATEGORIES
 from aspc.backends.sim.pricing import RooflinePricing
 from aspc.drivers.sim.result import simulate
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 
 ROOT = Path(__file__).resolve().parent.parent
 VALIDATION = ROOT / "bench" / "validation"

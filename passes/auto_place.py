@@ -11,7 +11,7 @@ layout). Every parallel degree the program writes is a constraint; the split, th
 instances and the learner-side dp are the pass's to choose. It records its choice, the predicted
 throughput, the written layout's prediction and the runners-up as a LayoutChoice on the generate
 stage (`aspc inspect` shows it; `aspc tune` writes the layout back as source). The passes after it
-are built from the schedule it returns (aspc/plan/toolchain.py).
+are built from the schedule it returns (aspc/cli/toolchain.py).
 """
 from __future__ import annotations
 

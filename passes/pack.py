@@ -18,11 +18,12 @@ from dataclasses import dataclass
 import networkx as nx
 
 from aspc.ir.graph import MicroBatchShape, Stage, StageGraph, StageKind
+from aspc.ir.kinds import kinds_where
 from aspc.costmodel.workload import step_lengths
 from aspc.passes.base import Pass, PassError
 from aspc.algorithms.packing import bucket_for, choose_buckets, micro_batches
 
-PACKED = (StageKind.TRAIN, StageKind.REFERENCE, StageKind.CRITIC)
+PACKED = kinds_where(lambda rule: rule.packed)
 SAMPLED_SEQUENCES = 2048  # at least this many sampled sequences (whole steps, at most 4) choose buckets
 
 

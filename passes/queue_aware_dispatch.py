@@ -1,7 +1,9 @@
-"""queue-aware-dispatch{policy}: a DISPATCH node in front of every multi-instance stage.
+"""queue-aware-dispatch{policy}: a DISPATCH node in front of every multi-instance stage whose
+kind the controller routes by a dispatch policy (the kind table's `dispatched`: generation).
 
 Removes: skewness bubble (an instance idle while another still has a queue).
-Assumes: nothing; stages with one instance need no dispatch.
+Assumes: nothing; stages with one instance need no dispatch. Reward models, judges, reference and
+critic stages get none: the controller hands their units to a free executor of the stage.
 Policies, carried out by the controller:
   queue_aware     send to the instance with the least queued *work* (predicted tokens in flight
                   and waiting, from prompt length and the group's length history), keep a
@@ -15,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aspc.ir.graph import PROMPTS, DispatchSpec, Flow, Stage, StageGraph, StageKind
+from aspc.ir.kinds import KIND_RULES
 from aspc.passes.base import Pass, PassError
 from aspc.passes.rewrite import interpose
 
 POLICIES = ("queue_aware", "least_requests", "round_robin")
-_DISPATCHED = (StageKind.GENERATE, StageKind.REWARD, StageKind.REFERENCE, StageKind.CRITIC)
 
 
 @dataclass(frozen=True)
@@ -36,12 +38,12 @@ class QueueAwareDispatch(Pass):
             raise PassError("the graph already has DISPATCH nodes")
         stages, flows = graph.stages(), graph.flows()
         for stage in graph.stages():
-            if stage.kind not in _DISPATCHED or stage.instances < 2:
+            if not KIND_RULES[stage.kind].dispatched or stage.instances < 2:
                 continue
             node = f"{stage.name}.dispatch"
             stages.append(Stage(node, StageKind.DISPATCH, dispatch=DispatchSpec(
                 stage.name, self.policy, self.group_affinity, stage.instances)))
-            if stage.kind is StageKind.GENERATE:
+            if KIND_RULES[stage.kind].consumes == PROMPTS:
                 flows.append(Flow(node, stage.name, (PROMPTS,)))
             else:
                 for src in graph.producers(stage.name):

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aspc.ir.graph import StageGraph, StageKind, Streaming
+from aspc.ir.kinds import kinds_where
 from aspc.passes.base import Pass, PassError
 
-CONSUMERS = (StageKind.REWARD, StageKind.REFERENCE, StageKind.CRITIC, StageKind.ADVANTAGE,
-             StageKind.TRAIN)
+CONSUMERS = kinds_where(lambda rule: rule.streamed)
 GROUP_ESTIMATORS = ("grpo", "dapo", "rloo")
 
 

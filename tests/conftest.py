@@ -43,7 +43,7 @@ def verified_accuracy_over_a_run(pipeline: Path, steps: int = 40, warmstart: int
     """Train `pipeline` on the CPU backend: (greedy held-out accuracy by the task's verifier before
     RL, after RL, the run's result, the runtime). Each distinct warm start is made once a session."""
     from aspc.drivers.local.runtime import LocalRuntime, RunOptions
-    from aspc.plan.toolchain import compile_with_passes
+    from aspc.cli.toolchain import compile_with_passes
     from warm_starts import SharedWarmStart
 
     plan = compile_with_passes(pipeline, []).plan()

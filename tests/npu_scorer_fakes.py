@@ -101,7 +101,7 @@ def build(spec):
     pipeline (`pipeline`, added by the test) behind the NPU reading (NpuRewardModel, the NPU judge)."""
     from aspc.backends.cpu.judge import load_judge
     from aspc.backends.cpu.reward_model import load_reward_model
-    from aspc.plan.toolchain import compile_with_passes
+    from aspc.cli.toolchain import compile_with_passes
 
     torch.set_num_threads(1)  # a tiny model beside the run's own threads: one is fastest (as the CPU workers use)
     plan = compile_with_passes(spec["pipeline"], []).plan()

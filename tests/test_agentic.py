@@ -133,7 +133,7 @@ def test_tools_that_time_out_crash_raise_or_print_garbage_lose_no_sample(tmp_pat
     from aspc.accounting.measured import bubble_shares
     from aspc.backends.cpu.executors import CpuExecutors
     from aspc.drivers.local.runtime import LocalRuntime, RunOptions
-    from aspc.plan.toolchain import compile_with_passes
+    from aspc.cli.toolchain import compile_with_passes
 
     (tmp_path / "tiny_tools.py").write_text(FLAKY_TOOLS)
     (tmp_path / "p.aspl").write_text(PIPELINE.read_text().replace("timeout = 5", "timeout = 0.5"))

@@ -15,9 +15,9 @@ from aspc.backends.ascend.topology import NPUS_PER_NODE, pool_offsets
 from aspc.controller.kinds import JUDGE_VERDICT_TOKENS
 from aspc.ir.facts import GIB, hardware_table
 from aspc.ir.graph import Parallel
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from aspc.frontend.compiler import compile_source
-from aspc.plan.toolchain import run_schedule
+from aspc.cli.toolchain import run_schedule
 from conftest import ROOT, check_golden
 from test_passes_properties import pipelines as random_pipelines
 

@@ -14,7 +14,7 @@ from aspc.backends.ascend.run_executors import AscendExecutors
 from aspc.backends.ascend.weight_sync import coords_of, reshard_in_place
 from aspc.ir.facts import ModelArch
 from aspc.ir.graph import Parallel
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from conftest import ROOT
 from fake_comm import run_ranks
 from test_ascend_executors import (REFRESH, TINY, IpcFakeLLM, fake_colocated_platform, npu_trains_as_cpu,

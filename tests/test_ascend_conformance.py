@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from aspc.backends.ascend.lowering import lower
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from conftest import ROOT
 from wheel_sources import (Sources, accepts_any_keyword, dataclass_fields, dict_keys, parameters,
                            string_arguments, wheel)

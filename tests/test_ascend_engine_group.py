@@ -140,7 +140,7 @@ def test_what_an_instance_with_dp_above_1_does_not_run_is_refused_at_its_dp(tmp_
     """A pool of its own (the HCCL transfer group holds one engine's workers) and agentic episodes
     (one EpisodeEngine per instance) stay refused, at the stage's dp."""
     from aspc.backends.ascend.run_executors import AscendExecutors
-    from aspc.plan.toolchain import compile_with_passes
+    from aspc.cli.toolchain import compile_with_passes
 
     def refusals(name, *edits):
         text = (TINY.parent / f"{name}.aspl").read_text()

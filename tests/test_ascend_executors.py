@@ -20,7 +20,7 @@ from aspc.backends.ascend.packing import pack, per_sequence
 from aspc.backends.ascend.weight_sync import WeightSender, receive_hf, send_hf
 from aspc.backends.cpu.executors import CpuExecutors
 from aspc.drivers.local.runtime import LocalRuntime, RunOptions
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from conftest import ROOT
 from fake_comm import Hub, ThreadCommunicator
 

@@ -17,7 +17,7 @@ from aspc.backends.ascend.packing import pack
 from aspc.backends.cpu.executors import CpuExecutors
 from aspc.rl.rollout import Rollout
 from aspc.backends.cpu.model import TinyQwen
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from conftest import ROOT
 from fake_comm import run_ranks
 from fake_pipeline import PipelineStage

@@ -31,7 +31,7 @@ from aspc.backends.cpu.reward_model import load_reward_model
 from aspc.backends.cpu.scoring import RewardScorer
 from aspc.rl.rollout import Shaping
 from aspc.rl.tokenizer import BOS, CHARS, EOS, encode
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from conftest import ROOT
 from npu_scorer_fakes import GptStandIn, fake_api, model_first_position
 from test_ascend_conformance import vllm  # noqa: F401 (a fixture)

@@ -15,7 +15,7 @@ from aspc.ir.memory import USABLE_HBM_FRACTION, training_need
 from aspc.ir.printer import print_ir
 from aspc.passes.layout_search import search
 from aspc.ir.layout_space import candidates, roles_of
-from aspc.plan.toolchain import compile_with_passes, run_schedule
+from aspc.cli.toolchain import compile_with_passes, run_schedule
 
 SMALL = """\
 pipeline small

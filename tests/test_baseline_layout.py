@@ -46,7 +46,7 @@ def test_grpo_7b_baseline_time_shares_all_16_devices_in_one_pool():
 
 
 def test_the_passes_place_the_baseline_time_shared():
-    from aspc.plan.toolchain import run_schedule
+    from aspc.cli.toolchain import run_schedule
 
     placed = run_schedule(_baseline(), "sync").graph
     kinds = {s.name: s.placement.kind for s in placed.stages() if s.kind in (StageKind.GENERATE, StageKind.TRAIN)}
@@ -129,7 +129,7 @@ def test_show_baseline_prints_the_program_that_compiles(aspc, tmp_path):
 def test_simulated_colocated_sync_on_grpo_7b_completes():
     from aspc.backends.sim.pricing import RooflinePricing
     from aspc.drivers.sim.result import simulate
-    from aspc.plan.toolchain import run_schedule
+    from aspc.cli.toolchain import run_schedule
 
     plan = run_schedule(_baseline(), "sync").plan()
     result = simulate(plan, 2, RooflinePricing(plan))

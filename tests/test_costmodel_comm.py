@@ -11,7 +11,7 @@ from aspc.costmodel.roofline import (GenerationCost, LearnerCost, broadcast_seco
                                      reshard_seconds)
 from aspc.ir.facts import hardware_table, model_presets
 from aspc.ir.graph import Parallel
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from conftest import ROOT
 
 BF16 = 2

@@ -19,7 +19,7 @@ from aspc.costmodel.workload import Environment, _draw_seconds, draw_episode
 from aspc.drivers.sim.result import simulate
 from aspc.frontend.diagnostics import AsplError
 from aspc.ir.values import Call
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE = Calibration(decode_fixed=1e-3, decode_per_seq=1e-4, prefill_fixed=1e-3, prefill_per_token=1e-5,

@@ -10,7 +10,7 @@ from aspc.controller.core import Controller
 from aspc.drivers.local.runtime import LocalRuntime, RunOptions
 from aspc.drivers.local.virtual_time import VirtualTime
 from aspc.drivers.sim.driver import Simulation
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from conftest import ROOT
 from timed_fakes import FakeExecutors, FakePricing
 

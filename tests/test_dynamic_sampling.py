@@ -10,7 +10,7 @@ from aspc.controller.dynamic_sampling import GroupFilter
 from aspc.costmodel.workload import draw_rewards
 from aspc.drivers.sim.driver import Simulation
 from aspc.drivers.sim.result import collect
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from conftest import ROOT
 from timed_fakes import FakePricing
 

@@ -72,7 +72,7 @@ def checkpoint(tmp_path):
 
 def executors_of(aspl):
     from aspc.backends.cpu.executors import CpuExecutors
-    from aspc.plan.toolchain import compile_with_passes
+    from aspc.cli.toolchain import compile_with_passes
 
     plan = compile_with_passes(aspl, []).plan()
     return plan, CpuExecutors(plan, aspl.parent)
@@ -120,7 +120,7 @@ SHAPE = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_la
 def test_qwen3_and_llama_have_the_logits_of_transformers(tmp_path, family):
     """Qwen3's per-head q/k norms and separate head_dim, tied embeddings; Llama's names and RoPE base."""
     from aspc.backends.cpu.executors import build_model
-    from aspc.plan.toolchain import compile_with_passes
+    from aspc.cli.toolchain import compile_with_passes
 
     torch.manual_seed(1)
     model = transformers.AutoModelForCausalLM.from_config(FAMILIES[family]()).float().eval()
@@ -273,7 +273,7 @@ def test_ascend_launch_plan_marks_a_model_without_checkpoint(tmp_path, aspc):
 
 def test_hf_actor_refuses_tiny_reward_models(checkpoint):
     from aspc.backends.cpu.executors import unsupported_stages
-    from aspc.plan.toolchain import compile_with_passes
+    from aspc.cli.toolchain import compile_with_passes
 
     tmp, _ = checkpoint
     text = PIPELINE.replace('python = "length_reward:odd_length"', 'sources = [model(rm)]').replace(

@@ -79,7 +79,7 @@ def test_plan_without_place_is_a_clear_error(aspc):
 
 def test_verify_flag_verifies_the_ir_after_every_pass(aspc, monkeypatch):
     from aspc.passes import manager
-    from aspc.plan.toolchain import compile_with_passes
+    from aspc.cli.toolchain import compile_with_passes
 
     checked, real = [], manager.verify
     monkeypatch.setattr(manager, "verify", lambda graph: (checked.append(graph), real(graph))[1])

@@ -13,7 +13,7 @@ from aspc.backends.cpu.executors import CpuExecutors
 from aspc.cli.run import _Progress, verifier_of
 from aspc.drivers.local.retention import steps_to_prune
 from aspc.drivers.local.runtime import LocalRuntime, RunOptions
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from conftest import ROOT
 
 TINY = ROOT / "pipelines" / "tiny_grpo.aspl"

@@ -17,7 +17,7 @@ from aspc.backends.cpu.model import TinyQwen
 from aspc.drivers.local.runtime import LocalRuntime, RunOptions
 from aspc.frontend import schema
 from aspc.ir.facts import ModelArch
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from conftest import ROOT
 
 ARCH = ModelArch(layers=1, hidden=16, heads=2, kv_heads=1, head_dim=8, ffn=32, vocab=32, tied=True, max_seq=32)

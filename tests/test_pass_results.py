@@ -8,7 +8,7 @@ from aspc.ir.graph import (RESULTS, Batching, ChannelSpec, DispatchSpec, MicroBa
                            Placement, StageKind, Streaming, WeightSyncSpec, WeightTransfer)
 from aspc.ir.serialize import from_json, to_json
 from aspc.ir.verify import verify_problems
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from conftest import PIPELINES, ROOT
 
 ALL_PASSES = ("continuous-batching,place,async-decouple{staleness=1},queue-aware-dispatch,stream{micro=8},"

@@ -10,7 +10,7 @@ from aspc.frontend.compiler import compile_source
 from aspc.frontend.diagnostics import AsplError, render_all
 from aspc.passes.registry import PASSES
 from aspc.ir.printer import print_ir
-from aspc.plan.toolchain import run_schedule
+from aspc.cli.toolchain import run_schedule
 from conftest import ROOT, check_golden
 
 DIR = ROOT / "tests" / "passes"

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from aspc.frontend.compiler import compile_source
 from aspc.ir.graph import StageKind
 from aspc.plan.execution_plan import PlanError, build_plan, plan_problems
-from aspc.plan.toolchain import run_schedule
+from aspc.cli.toolchain import run_schedule
 from aspc.ir.verify import verify_problems
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -10,7 +10,7 @@ from aspc.frontend.diagnostics import AsplError
 from aspc.ir.facts import ModelArch
 from aspc.ir.graph import StageKind
 from aspc.plan.execution_plan import PLAN_VERSION, ExecutionPlan, PlanError, PlanFormatError, build_plan
-from aspc.plan.toolchain import Compiled, compile_with_passes
+from aspc.cli.toolchain import Compiled, compile_with_passes
 from aspc.ir.values import Call
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ from aspc.backends.cpu.executors import CpuExecutors
 from aspc.drivers.local.processes import ChildProcess, start_fork_server
 from aspc.drivers.local.runtime import LocalRuntime, RunOptions
 from aspc.drivers.local.workers import WorkerFailed
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from conftest import ROOT
 
 

@@ -10,7 +10,7 @@ ray = pytest.importorskip("ray")
 from aspc.backends.cpu.executors import CpuExecutors  # noqa: E402
 from aspc.drivers.local.runtime import LocalRuntime, RunOptions  # noqa: E402
 from aspc.drivers.ray.runtime import RayRuntime  # noqa: E402
-from aspc.plan.toolchain import compile_with_passes  # noqa: E402
+from aspc.cli.toolchain import compile_with_passes  # noqa: E402
 from conftest import ROOT  # noqa: E402
 
 

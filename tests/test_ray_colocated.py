@@ -227,7 +227,7 @@ def test_r1_zero_671b_places_six_instances_of_32_engine_ranks_with_their_dp_env_
     (8 NPUs a node: instance i's rank r holds devices 64 i + 2 r and the next, node 8 i + r // 4)."""
     from aspc.backends.ascend.run_executors import AscendExecutors
     from aspc.drivers.ray.colocated import rank_options
-    from aspc.plan.toolchain import compile_with_passes
+    from aspc.cli.toolchain import compile_with_passes
 
     nodes = [f"10.1.{n // 256}.{n % 256}" for n in range(48)]
     monkeypatch.setenv("ASPC_NODES", ",".join(nodes))

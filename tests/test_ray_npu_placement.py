@@ -16,7 +16,7 @@ from aspc.drivers.ray.learner_actor import ActorBuiltLearner, remote_learner_cla
 from aspc.drivers.ray.placement import missing_devices  # noqa: E402
 from aspc.drivers.ray.runtime import RayRuntime  # noqa: E402
 from aspc.controller.config import UnsupportedPlan  # noqa: E402
-from aspc.plan.toolchain import compile_with_passes  # noqa: E402
+from aspc.cli.toolchain import compile_with_passes  # noqa: E402
 from conftest import ROOT  # noqa: E402
 from fake_comm import ThreadCommunicator  # noqa: E402
 from ray_fakes import RENDEZVOUS, BlockingExecutors, Rendezvous, meet  # noqa: E402

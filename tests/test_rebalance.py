@@ -12,7 +12,7 @@ from aspc.controller.rebalance import RebalancePolicy, Rebalancer
 from aspc.costmodel.workload import sample_step
 from aspc.drivers.sim.driver import Simulation
 from aspc.drivers.sim.result import collect
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from conftest import ROOT
 from test_differential import _DISAGGREGATED, _plan, first_difference, local, recorded, simulated  # noqa: F401
 

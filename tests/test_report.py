@@ -13,7 +13,7 @@ import pytest
 from aspc.accounting.bubbles import CATEGORIES
 from aspc.accounting.trace import Span
 from aspc.cli.report import _changes
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from aspc.report.decisions import decisions
 from aspc.report.graph_svg import graph_svg
 from aspc.report.timeline import BINS, EXACT_LIMIT, SHOWN, TICKS, timeline_data

@@ -388,7 +388,7 @@ def test_the_r1_zero_671b_trainer_reads_back_the_layout_megatron_builds():
     from aspc.backends.ascend.executors import materialize
     from aspc.backends.ascend.lowering import lower
     from aspc.backends.ascend.megatron_model import layout_of
-    from aspc.plan.toolchain import compile_with_passes
+    from aspc.cli.toolchain import compile_with_passes
     from conftest import ROOT
 
     plan = compile_with_passes(ROOT / "pipelines" / "r1_zero_671b.aspl").plan()

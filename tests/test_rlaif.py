@@ -19,7 +19,7 @@ from aspc.rl.tokenizer import BOS, EOS, encode
 from aspc.cli.main import main
 from aspc.controller.scoring import STOP_AFTER
 from aspc.drivers.local.runtime import LocalRuntime, RunOptions
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from conftest import ROOT, verified_accuracy_over_a_run
 
 PIPELINE = ROOT / "pipelines" / "tiny_rlaif.aspl"

@@ -14,7 +14,7 @@ from aspc.backends.cpu.reward_model import load_reward_model, pairwise_accuracy,
 from aspc.rl.rewards import exact_match
 from aspc.rl.tokenizer import BOS, EOS, encode
 from aspc.cli.main import main
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from conftest import ROOT, verified_accuracy_over_a_run
 
 PIPELINE = ROOT / "pipelines" / "tiny_rlhf.aspl"

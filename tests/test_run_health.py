@@ -69,7 +69,7 @@ def test_the_agentic_pipelines_tool_is_found_from_a_relative_path(monkeypatch):
     the sandbox looks the tool's module up from a scratch folder."""
     from aspc.backends.cpu.agentic import Tools
     from aspc.rl.tool_calls import Call
-    from aspc.plan.toolchain import compile_with_passes
+    from aspc.cli.toolchain import compile_with_passes
 
     monkeypatch.chdir(ROOT)
     relative = Path("pipelines/tiny_agentic.aspl")

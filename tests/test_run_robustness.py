@@ -205,7 +205,7 @@ def test_each_worker_gets_a_share_of_the_cores(monkeypatch):
 def test_worker_threads_run_torch_with_their_share(monkeypatch):
     from aspc.backends.cpu.executors import CpuExecutors
     from aspc.drivers.local.runtime import LocalRuntime, RunOptions
-    from aspc.plan.toolchain import compile_with_passes
+    from aspc.cli.toolchain import compile_with_passes
 
     monkeypatch.delenv("ASPC_TORCH_THREADS", raising=False)
     plan = compile_with_passes(TINY, []).plan()

@@ -14,7 +14,7 @@ from aspc.costmodel.roofline import GenerationCost, dtype_bytes
 from aspc.drivers.sim.result import simulate
 from aspc.ir.facts import hardware_table, model_presets
 from aspc.ir.graph import Parallel
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from conftest import ROOT
 
 

@@ -10,7 +10,7 @@ from aspc.controller.episodes import ANSWER, TOOL_TIMEOUT, EpisodePolicy
 from aspc.costmodel.workload import Environment, draw_episode, sample_step
 from aspc.drivers.sim.episodes import plan_episode
 from aspc.drivers.sim.result import simulate
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from conftest import ROOT
 
 TOOL = 'tool("calc", command = "python3 -", timeout = {timeout}, latency = {latency})'

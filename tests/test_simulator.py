@@ -6,7 +6,7 @@ import pytest
 from aspc.accounting.ledger import CATEGORIES
 from aspc.backends.sim.pricing import RooflinePricing
 from aspc.drivers.sim.result import simulate
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from conftest import ROOT
 
 

@@ -36,7 +36,7 @@ def smollm2(tmp_path_factory):
 def test_smollm2_has_the_logits_of_transformers(smollm2):
     from aspc.backends.cpu.executors import CpuExecutors
     from aspc.backends.cpu.model import causal_mask
-    from aspc.plan.toolchain import compile_with_passes
+    from aspc.cli.toolchain import compile_with_passes
 
     plan = compile_with_passes(smollm2 / "smollm2_arith.aspl", []).plan()
     executors = CpuExecutors(plan, smollm2)
@@ -52,7 +52,7 @@ def test_smollm2_has_the_logits_of_transformers(smollm2):
 def test_smollm2_trains_a_grpo_step(smollm2):
     from aspc.backends.cpu.executors import CpuExecutors
     from aspc.drivers.local.runtime import LocalRuntime, RunOptions
-    from aspc.plan.toolchain import compile_with_passes
+    from aspc.cli.toolchain import compile_with_passes
 
     plan = compile_with_passes(smollm2 / "smollm2_arith.aspl", []).plan()
     runtime = LocalRuntime(plan, smollm2, RunOptions(steps=1, warmstart_steps=0), CpuExecutors)

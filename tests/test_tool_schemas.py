@@ -11,7 +11,7 @@ from aspc.backends.ascend.lowering import lower
 from aspc.frontend.compiler import compile_file
 from aspc.frontend.diagnostics import AsplError
 from aspc.frontend.tool_schemas import SchemaError, signature_schema, tool_schema, type_schema
-from aspc.plan.toolchain import compile_with_passes, run_schedule
+from aspc.cli.toolchain import compile_with_passes, run_schedule
 from conftest import ROOT
 
 

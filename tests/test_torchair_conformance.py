@@ -14,7 +14,7 @@ import pytest
 
 from aspc.backends.ascend.compiler_options import apply_compiler_options
 from aspc.backends.ascend.lowering import lower
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from conftest import ROOT
 
 TORCH_NPU = "torch-npu==2.10.0"

@@ -24,7 +24,7 @@ from aspc.backends.ascend.run_executors import AscendExecutors
 from aspc.backends.cpu.executors import CpuExecutors
 from aspc.backends.cpu.learner import Learner
 from aspc.backends.cpu.model import TinyQwen
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from aspc.rl.rollout import Rollout, Shaping, TaskReward
 from aspc.rl.tokenizer import decode
 from conftest import ROOT

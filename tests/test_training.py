@@ -12,7 +12,7 @@ import os
 import pytest
 
 from aspc.drivers.local.runtime import LocalRuntime, RunOptions
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from conftest import ROOT
 from warm_starts import SharedWarmStart
 

@@ -12,7 +12,7 @@ import pytest
 
 from aspc.backends.sim.pricing import RooflinePricing
 from aspc.drivers.sim.result import simulate
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 
 ROOT = Path(__file__).resolve().parent.parent
 VALIDATION = sorted((ROOT / "bench" / "validation").glob("*.aspl"))

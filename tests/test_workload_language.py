@@ -14,7 +14,7 @@ from aspc.frontend.formatter import format_program
 from aspc.frontend.parser import parse
 from aspc.ir.serialize import from_json, to_json
 from aspc.plan.execution_plan import ExecutionPlan
-from aspc.plan.toolchain import compile_with_passes
+from aspc.cli.toolchain import compile_with_passes
 from conftest import ROOT, check_golden
 
 WORKLOADS = ROOT / "tests" / "workloads"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from aspc.ir.dot import to_dot
 from aspc.ir.printer import print_ir
-from aspc.plan.toolchain import Compiled
+from aspc.cli.toolchain import Compiled
 
 
 def inspect_report(compiled: Compiled) -> str:

@@ -21,7 +21,7 @@ from aspc.cli.report import report as report_command
 from aspc.passes.schedules import SCHEDULES
 from aspc.ir.printer import print_ir
 from aspc.ir.serialize import to_json
-from aspc.plan.toolchain import Compiled, compile_with_passes, run_schedule
+from aspc.cli.toolchain import Compiled, compile_with_passes, run_schedule
 
 EMITTERS = {
     "ast": lambda c: format_program(c.compilation.program),

@@ -29,7 +29,7 @@ from aspc.passes.layout_search import Ranked, search, written_ranked
 from aspc.passes.base import PassError
 from aspc.passes.knob_space import knob_space
 from aspc.passes.schedules import SCHEDULES
-from aspc.plan.toolchain import run_schedule
+from aspc.cli.toolchain import run_schedule
 
 TUNED_SOURCE = "<tuned>"
 CONFIRM_STEPS = 6  # simulated steps per confirmed candidate: enough for the overlap to settle

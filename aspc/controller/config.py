@@ -94,8 +94,8 @@ class ControllerConfig:
         gen, train = generators[0], trainers[0]
         data = plan.dataset(gen.data)
         dispatch = next((d for d in plan.dispatches if d.target == gen.name), None)
-        routed = [s for s in plan.stages if s.kind in ("reward", "reference", "critic")]
-        on_devices = [s for s in routed if rule_for(s).role is not None] + [train]
+        routed = [s for s in plan.stages if rule_for(s).before_train]
+        on_devices = [s for s in routed if rule_for(s).on_devices] + [train]
         executors = _executors(on_devices, gen)
         max_prompts = _max_prompts(train, data, routed)
         forward = tuple(RoutedStage(s.name, s.kind, rule_for(s).role,  # filtering decides on each group's rewards
@@ -104,7 +104,7 @@ class ControllerConfig:
         environments = plan.stages_of("environment")
         return ControllerConfig(
             steps=steps, prompts_per_step=data.prompts_per_step, group=data.group,
-            instances=len(gen.instances), staleness=plan.staleness,
+            instances=len(gen.instances), staleness=_staleness_gate(plan, train),
             policy=dispatch.policy if dispatch else "round_robin",
             group_affinity=dispatch.group_affinity if dispatch else True,
             stream_micro=train.stream_micro, partial_rollout=gen.partial_rollout,
@@ -112,6 +112,15 @@ class ControllerConfig:
             executors=executors, gen_pool=gen.pool, checkpoint_every=checkpoint_every,
             tool_workers=dict(environments[0].options)["tool_workers"] if environments else 0,
             max_prompts=max_prompts, rebalance=_rebalancing(plan))
+
+
+def _staleness_gate(plan: ExecutionPlan, train: StagePlan) -> int:
+    """The bound the generation gate holds: the staleness of the channel (async-decouple's) the
+    train stage's responses come through, whose capacity is (staleness + 1) steps; no channel: 0,
+    on-policy (the sync schedules)."""
+    source = dict(train.inputs).get("responses")
+    channel = next((c for c in plan.channels if c.name == source), None)
+    return channel.staleness if channel is not None else 0
 
 
 def _rebalancing(plan: ExecutionPlan) -> RebalancePolicy | None:

@@ -59,10 +59,10 @@ def packed_ranks(stage: StagePlan, lengths: list[int], mean: float) -> list[list
     return [micro_batches(share, stage, mean) if share else [] for share in per_rank]
 
 
-def work_cost(stage: StagePlan, cost: LearnerCost, kind: str, ranks: list[list[tuple]]) -> WorkCost:
+def work_cost(stage: StagePlan, cost: LearnerCost, priced_as: str, ranks: list[list[tuple]]) -> WorkCost:
     """The work's time is its slowest rank's, pipeline fill and drain included. Skewness: ranks
     waiting for the slowest, and pipeline stages idle at fill and drain while a peer stage works."""
-    run = cost.train if kind == "train" else cost.forward
+    run = cost.train if priced_as == "train" else cost.forward  # the kind table's priced_as
     times, useful_times, fills = [], [], []
     for batches in ranks:
         times.append(sum(run(padded, padded_sq) for padded, _, padded_sq, _ in batches))

@@ -6,23 +6,9 @@ import networkx as nx
 from aspc.frontend.diagnostics import DiagnosticSink
 from aspc.frontend.reward_hints import combine_rewards_hint
 from aspc.ir.graph import DataSpec, Stage, StageGraph, StageKind
+from aspc.ir.kinds import KIND_RULES
 from aspc.ir.span import Span
 
-# Fields each kind must receive, and the ones it may receive besides.
-REQUIRES: dict[StageKind, frozenset[str]] = {
-    StageKind.GENERATE: frozenset(),
-    StageKind.ENVIRONMENT: frozenset({"responses"}),
-    StageKind.REWARD: frozenset({"responses"}),
-    StageKind.REFERENCE: frozenset({"responses"}),
-    StageKind.CRITIC: frozenset({"responses"}),
-    StageKind.ADVANTAGE: frozenset({"rewards"}),
-    StageKind.TRAIN: frozenset({"responses", "advantages"}),
-}
-ACCEPTS: dict[StageKind, frozenset[str]] = {
-    **REQUIRES,
-    StageKind.ADVANTAGE: frozenset({"rewards", "values"}),
-    StageKind.TRAIN: frozenset({"responses", "advantages", "ref_logprobs", "values"}),
-}
 _MAKE = {
     "responses": "stage gen = generate(MODEL, DATA)",
     "rewards": 'stage score = reward(gen, rule = "exact_match")',
@@ -77,7 +63,7 @@ def _check_inputs(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> None
     seen: dict[str, str] = {}
     for src in graph.producers(stage.name):
         for field in graph.flow(src.name, stage.name).fields:
-            if field not in ACCEPTS[stage.kind]:
+            if field not in KIND_RULES[stage.kind].accepts:
                 sink.error(stage.span, f"a {stage.kind.value} stage does not take {field}, "
                                        f"but '{src.name}' ({src.kind.value}) is given as input")
             elif field in seen:
@@ -85,7 +71,7 @@ def _check_inputs(graph: StageGraph, stage: Stage, sink: DiagnosticSink) -> None
                                        f"'{seen[field]}' and '{src.name}'",
                            combine_rewards_hint(graph, seen[field], src.name, stage.name))
             seen[field] = src.name
-    for field in sorted(REQUIRES[stage.kind] - set(seen)):
+    for field in sorted(KIND_RULES[stage.kind].requires - set(seen)):
         _missing(stage, field, "", sink)
 
 

@@ -259,7 +259,6 @@ STAGES: dict[str, dict[str, OptionSpec]] = {
         OptionSpec("recompute", "bool", False, "recompute activations in the backward pass"),
     ),
 }
-MODEL_STAGES = ("generate", "reference", "critic", "train")  # stages that run a model on devices
 ENGINE_OPTIONS = ("max_num_seqs", "gpu_memory_utilization")  # unset: left out of the IR (the engine's default)
 
 _ASP = _opts(

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from aspc.frontend import ast, schema
 from aspc.frontend.diagnostics import DiagnosticSink, did_you_mean
+from aspc.ir.kinds import KIND_RULES
 from aspc.ir.graph import PRODUCES, DataSpec, Flow, ModelSpec, Parallel, PoolSpec, Stage, StageKind
 from aspc.frontend.options import OptionValues, describe, read_options
 from aspc.frontend.resolve import Symbols
@@ -14,12 +15,6 @@ from aspc.frontend.tool_schemas import SchemaError, signature_schema
 from aspc.frontend.user_code import UserCodeError, load_function
 from aspc.ir.values import Call
 
-# What positional inputs each kind takes besides stages: (needs a model, needs data).
-_TAKES = {
-    "generate": (True, True), "environment": (False, False), "reward": (False, False),
-    "reference": (True, False), "critic": (True, False), "advantage": (False, False),
-    "train": (True, False),
-}
 _REWARD_SHORTHANDS = ("rule", "python", "model")
 
 
@@ -57,7 +52,8 @@ def resolve_stage(decl: ast.Stage, env: Resolved, sink: DiagnosticSink) -> tuple
 
 def _classify_inputs(decl: ast.Stage, env: Resolved, sink: DiagnosticSink):
     """Positional arguments are names: at most one model, one data set, and upstream stages."""
-    wants_model, wants_data = _TAKES[decl.kind]
+    rule = KIND_RULES[StageKind(decl.kind)]
+    wants_model, wants_data = rule.needs_model, rule.needs_data
     model = data = None
     inputs: list[tuple[str, str]] = []
     unknown = False
@@ -124,7 +120,7 @@ def _pool_of(decl: ast.Stage, values: OptionValues, env: Resolved, sink: Diagnos
 
 
 def _needs_devices(decl: ast.Stage, values: OptionValues) -> bool:
-    if decl.kind in schema.MODEL_STAGES:
+    if KIND_RULES[StageKind(decl.kind)].needs_model:  # a model stage runs on devices
         return True
     sources = values.values.get("sources")
     sources = sources if isinstance(sources, tuple) else ()

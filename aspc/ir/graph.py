@@ -7,7 +7,6 @@ change returns a new StageGraph. What the passes decide about a stage is a typed
 """
 from __future__ import annotations
 
-import enum
 import heapq
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -16,38 +15,17 @@ from collections.abc import Iterable
 import networkx as nx
 
 from aspc.ir.facts import Hardware, ModelArch
+from aspc.ir.kinds import KIND_RULES, StageKind
 from aspc.ir.span import Span
 from aspc.ir.values import Call
-
-
-class StageKind(enum.Enum):
-    GENERATE = "generate"
-    ENVIRONMENT = "environment"
-    REWARD = "reward"
-    REFERENCE = "reference"
-    CRITIC = "critic"
-    ADVANTAGE = "advantage"
-    TRAIN = "train"
-    # inserted by passes
-    CHANNEL = "channel"
-    DISPATCH = "dispatch"
-    WEIGHT_SYNC = "weight_sync"
 
 
 # Fields a flow may carry: prompts (DISPATCH -> GENERATE) and what each user stage produces.
 PROMPTS = "prompts"
 WEIGHTS = "weights"
 
-# The field each user stage produces; a flow carries some of its producer's fields.
-PRODUCES: dict[StageKind, str] = {
-    StageKind.GENERATE: "responses",
-    StageKind.ENVIRONMENT: "responses",
-    StageKind.REWARD: "rewards",
-    StageKind.REFERENCE: "ref_logprobs",
-    StageKind.CRITIC: "values",
-    StageKind.ADVANTAGE: "advantages",
-    StageKind.TRAIN: "weights",
-}
+# The field each user stage produces (the kind table's); a flow carries some of its producer's fields.
+PRODUCES: dict[StageKind, str] = {r.kind: r.produces for r in KIND_RULES.values() if r.produces is not None}
 
 
 def _span() -> Any:

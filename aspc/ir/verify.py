@@ -16,16 +16,15 @@ from __future__ import annotations
 import networkx as nx
 
 from aspc.ir.graph import PRODUCES, Stage, StageGraph, StageKind
+from aspc.ir.kinds import KIND_RULES, kinds_where
 from aspc.ir.values import Call
 
-_NEEDS_MODEL = (StageKind.GENERATE, StageKind.REFERENCE, StageKind.CRITIC, StageKind.TRAIN)
-_PASS_FIELDS = {StageKind.CHANNEL, StageKind.DISPATCH, StageKind.WEIGHT_SYNC}
 # pass result -> the stage kinds it may sit on (placement: any stage with a pool)
 _RESULT_KINDS = {
     "batching": {StageKind.GENERATE},
     "partial_rollout": {StageKind.GENERATE},
-    "micro_batching": {StageKind.TRAIN, StageKind.REFERENCE, StageKind.CRITIC},
-    "streaming": {StageKind.REWARD, StageKind.REFERENCE, StageKind.CRITIC, StageKind.ADVANTAGE, StageKind.TRAIN},
+    "micro_batching": set(kinds_where(lambda r: r.packed)),
+    "streaming": set(kinds_where(lambda r: r.streamed)),
     "channel": {StageKind.CHANNEL},
     "dispatch": {StageKind.DISPATCH},
     "weight_sync": {StageKind.WEIGHT_SYNC},
@@ -67,7 +66,7 @@ def _result_problems(graph: StageGraph, stage: Stage) -> list[str]:
     required = _REQUIRED.get(stage.kind)
     if required is not None and getattr(stage, required) is None:
         problems.append(f"{where}: lacks its {required} record")
-    if stage.kind in _PASS_FIELDS and stage.options:
+    if KIND_RULES[stage.kind].inserted and stage.options:
         problems.append(f"{where}: a pass-inserted node holds options {[k for k, _ in stage.options]}")
     for name, _ in stage.results():
         if name == "placement":
@@ -85,7 +84,7 @@ def _result_problems(graph: StageGraph, stage: Stage) -> list[str]:
 def _inserted_node_problems(graph: StageGraph, stage: Stage) -> list[str]:
     """CHANNEL: one producer, a capacity of (staleness + 1) steps. DISPATCH: one target.
     WEIGHT_SYNC: weights from one TRAIN stage to one GENERATE stage of the same model."""
-    if stage.kind not in _PASS_FIELDS or getattr(stage, _REQUIRED[stage.kind]) is None:
+    if not KIND_RULES[stage.kind].inserted or getattr(stage, _REQUIRED[stage.kind]) is None:
         return []  # a node without its record: _result_problems says so
     producers, consumers = graph.producers(stage.name), graph.consumers(stage.name)
     where = f"{stage.kind.name} {stage.name}"
@@ -97,6 +96,9 @@ def _inserted_node_problems(graph: StageGraph, stage: Stage) -> list[str]:
             return [f"{where}: capacity {channel.capacity} != (staleness + 1) x samples per step"]
     if stage.kind is StageKind.DISPATCH and [c.name for c in consumers] != [stage.dispatch.target]:
         return [f"{where}: must feed exactly its target '{stage.dispatch.target}'"]
+    if stage.kind is StageKind.DISPATCH and not KIND_RULES[consumers[0].kind].dispatched:
+        return [f"{where}: routes a {consumers[0].kind.name} stage, whose work no dispatch policy routes "
+                "(the kind table: aspc/ir/kinds.py)"]
     if stage.kind is StageKind.WEIGHT_SYNC:
         kinds = ([p.kind for p in producers], [c.kind for c in consumers])
         if kinds != ([StageKind.TRAIN], [StageKind.GENERATE]):
@@ -122,7 +124,7 @@ def _flow_problems(graph: StageGraph) -> list[str]:
 
 def _produced_by(graph: StageGraph, stage: Stage) -> set[str] | None:
     """What a stage can send on: its own field, or (for a pass-inserted node) what it receives."""
-    if stage.kind in _PASS_FIELDS:
+    if KIND_RULES[stage.kind].inserted:
         return None
     return {PRODUCES[stage.kind]}
 
@@ -151,9 +153,9 @@ def _stage_problems(graph: StageGraph, stage: Stage, node: str) -> list[str]:
     where = f"stage {node} ({stage.kind.name})"
     if stage.name != node:
         problems.append(f"{where}: node id differs from its name '{stage.name}'")
-    if stage.kind in _NEEDS_MODEL and stage.model not in graph.models:
+    if KIND_RULES[stage.kind].needs_model and stage.model not in graph.models:
         problems.append(f"{where}: model '{stage.model}' is not declared")
-    if stage.kind is StageKind.GENERATE and stage.data not in graph.data:
+    if KIND_RULES[stage.kind].needs_data and stage.data not in graph.data:
         problems.append(f"{where}: data '{stage.data}' is not declared")
     if stage.pool is not None:
         pool = graph.pools.get(stage.pool)

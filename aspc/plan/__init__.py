@@ -1,1 +1,1 @@
-"""The execution plan the compiler emits, and the toolchain that produces it from a program."""
+"""The execution plan the compiler emits (the toolchain that produces it from a program: aspc/cli/toolchain.py)."""

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from aspc.ir.facts import ModelArch
 from aspc.ir.graph import Parallel, Stage, StageGraph, StageKind, WeightTransfer
+from aspc.ir.kinds import KIND_RULES
 from aspc.ir.serialize import decode, encode
 from aspc.ir.values import Call
 
@@ -310,13 +311,10 @@ def _plan(graph: StageGraph, passes: str, stages: list[Stage]) -> ExecutionPlan:
         data=tuple(DataPlan(d.name, d.source, d.location, d.prompts_per_step, d.group, d.max_prompt,
                             d.max_response, d.seed, d.response_lengths, d.prompt_lengths)
                    for _, d in sorted(graph.data.items())),
-        stages=tuple(_stage(graph, s) for s in stages if s.kind.value in _USER_KINDS),
+        stages=tuple(_stage(graph, s) for s in stages if not KIND_RULES[s.kind].inserted),
         channels=tuple(channels),
         dispatches=tuple(_dispatch(s) for s in stages if s.kind is StageKind.DISPATCH),
         weight_syncs=tuple(syncs), rebalance=bool(graph.schedule.option("rebalance")))
-
-
-_USER_KINDS = {"generate", "environment", "reward", "reference", "critic", "advantage", "train"}
 
 
 def _stage(graph: StageGraph, stage: Stage) -> StagePlan:
@@ -335,7 +333,7 @@ def _stage(graph: StageGraph, stage: Stage) -> StagePlan:
 
 
 def _micro_batching(graph: StageGraph, stage: Stage) -> MicroBatching | None:
-    if stage.kind not in (StageKind.TRAIN, StageKind.REFERENCE, StageKind.CRITIC):
+    if not KIND_RULES[stage.kind].packed:
         return None
     shape = stage.micro_batching
     if shape is not None:

@@ -19,14 +19,16 @@ from aspc.backends.ascend.process_env import ALLOC_ENV, HCCL_ENV, node_address, 
 from aspc.backends.ascend.startup import startups
 from aspc.backends.ascend.topology import Device, device, pool_offsets, visible_devices
 from aspc.frontend.tool_schemas import SchemaError, tool_schemas
+from aspc.controller.kinds import rule_for
 from aspc.ir.facts import DTYPE_BYTES, ModelArch
+from aspc.ir.kinds import kinds_where
 from aspc.plan.execution_plan import ExecutionPlan, StagePlan, WeightSyncPlan
 
 LAUNCH_VERSION = 2
-MEGATRON_KINDS = ("train", "reference", "critic")
-# built in the train stage's processes, on their NPUs and megatron groups (reference_model.py: the
-# frozen reference; critic.py: the critic, refused elsewhere): no processes of their own to start
-IN_TRAINER_KINDS = ("reference", "critic")
+# The kinds megatron-core runs (the kind table's Ascend rules: aspc/ir/kinds.py). Reference and critic
+# are built in the train stage's processes, on their NPUs and megatron groups (reference_model.py: the
+# frozen reference; critic.py: the critic, refused elsewhere): no processes of their own to start.
+MEGATRON_KINDS = tuple(k.value for k in kinds_where(lambda r: r.ascend is not None and r.ascend.runner == "megatron"))
 BASE_PORT = 29500
 DP_BASE_PORT = 27000  # vLLM data-parallel rendezvous: 1000 a stage, 16 an instance
 
@@ -122,15 +124,15 @@ def lower(plan: ExecutionPlan, base_dir: Path | None = None,
 
 def in_trainer(plan: ExecutionPlan, stage: StagePlan) -> bool:
     """The stage runs in the train stage's processes (its launch stage has no processes)."""
-    return stage.kind in IN_TRAINER_KINDS and bool(plan.stages_of("train"))
+    ascend = rule_for(stage).ascend
+    return ascend is not None and ascend.in_trainer and bool(plan.stages_of("train"))
 
 
 def _role(stage: StagePlan) -> str | None:
-    if stage.kind == "generate" or _source_models(stage, "judge"):
-        return "vllm-engine"
-    if stage.kind in MEGATRON_KINDS or _source_models(stage, "model"):
-        return "megatron"
-    return None
+    """The Ascend runner from the kind table: "vllm-engine" (generation, judges) | "megatron" (train,
+    reference, critic, reward models); None: on the host."""
+    ascend = rule_for(stage).ascend
+    return ascend.runner if ascend is not None else None
 
 
 def _stage_launch(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None, sharers: int) -> StageLaunch:
@@ -276,7 +278,7 @@ def _megatron_processes(stage: StagePlan, offset: int, port: int,
     world = par.devices
     coords = rank_coords(par)
     post_process = not _source_models(stage, "model")  # a reward model ends in hidden states
-    role = "megatron-train" if stage.kind in ("train", "critic") else "megatron-forward"
+    role = rule_for(stage).ascend.megatron_role
     out = []
     for inst in stage.instances:
         devs = [device(offset, inst.first_device + r) for r in range(world)]
@@ -307,7 +309,7 @@ def _megatron_launch(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | Non
                                                                     "tiling_schedule_optimize": True},
                     "dynamic": False, "static_shapes": list(mb.buckets) or [mb.tokens]}
     micro = {"tokens": mb.tokens, "buckets": list(mb.buckets), "padding": mb.padding, "balance": mb.balance}
-    return StageLaunch(stage.name, stage.kind, "megatron-train" if stage.kind != "reference" else "megatron-forward",
+    return StageLaunch(stage.name, stage.kind, rule_for(stage).ascend.megatron_role,
                        process_groups(stage.parallel), config, model_args, compiler, micro, builders)
 
 

@@ -356,7 +356,7 @@ class AscendExecutors(CpuExecutors):
 
         stage = self.plan.stages_of("critic")[0].name
         launch = next(dataclasses.asdict(s) for s in self.launch.stages if s.stage == stage)
-        rank0 = self._rank0()  # the critic's ranks are the trainer's (lowering.IN_TRAINER_KINDS), same layout
+        rank0 = self._rank0()  # the critic's ranks are the trainer's (the kind table's ascend.in_trainer), same layout
         return MegatronCritic.build(launch, rank0.model_args, self._settings())
 
     def _sender(self):

@@ -99,7 +99,7 @@ class RooflinePricing:
     # ---- learner-side executors ----
     def work(self, work: Work, stage: StagePlan, token_lengths: list[int]) -> WorkCost:
         rule = rule_for(stage)
-        if rule is not None and rule.priced_as == "judge":
+        if rule.priced_as == "judge":
             return self._judged(stage, token_lengths)
         if self.calibration is not None:
             return self._calibrated_work(work, stage, token_lengths)
@@ -108,7 +108,7 @@ class RooflinePricing:
         key = (work.step, work.samples[0], len(work.samples), stage.micro_batching, stage.parallel.dp)
         if key not in self._packed:  # reference and train pack the same unit the same way
             self._packed[key] = packed_ranks(stage, token_lengths, self.mean_tokens)
-        return work_cost(stage, cost, "train" if work.kind == "train" else "forward", self._packed[key])
+        return work_cost(stage, cost, rule.priced_as, self._packed[key])
 
     def _judged(self, stage: StagePlan, token_lengths: list[int]) -> WorkCost:
         """A reward stage with judge(...) sources: each judge generates a verdict for every sample
@@ -213,7 +213,7 @@ class RooflinePricing:
             return _padded_cost(cost.forward, [token_lengths])
         budget = max(dict(self.train_stage.options).get("micro_tokens") or 0, max(token_lengths))
         batches = packed_lengths(token_lengths, budget)
-        return _padded_cost(cost.train if work.kind == "train" else cost.forward, batches)
+        return _padded_cost(cost.train if rule_for(stage).priced_as == "train" else cost.forward, batches)
 
     def _calibrated_cost(self, stage: StagePlan):
         """A reward model scores in the controller's process; the learner process runs reference,

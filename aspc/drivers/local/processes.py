@@ -35,6 +35,7 @@ import threading
 import traceback
 
 from aspc.drivers.local.workers import InstanceLost
+from aspc.ir.kinds import ROLE_CALLS
 
 # Never a plain fork of the main process: fork after torch has started its thread pools can
 # deadlock the child. The fork server forks before torch has computed anything.
@@ -319,7 +320,7 @@ class ProcessLearner:
     """The trainer in its own process. A pass (reward, reference, values, train) sends the
     unit's rollouts and copies what it computed back into the main process's objects."""
 
-    PASSES = ("reward", "reference", "values", "train")
+    PASSES = ROLE_CALLS
 
     def __init__(self, learner, threads: int, set_threads, search_path: list[str]):
         self.child = ChildProcess("learner", _LearnerServer(learner), threads, set_threads, search_path,

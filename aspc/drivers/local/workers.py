@@ -12,6 +12,7 @@ from aspc.accounting.trace import Span
 from aspc.controller.events import (InstanceFailed, InstanceMoved, InstanceRecovered, OptimizerDone, PoolSwitched,
                                     SampleFinished, SamplesFinished, ToolCalled, ToolReturned, WeightsLoaded,
                                     WeightsPublished, WorkFinished)
+from aspc.ir.kinds import kind_rule
 
 
 class WorkerFailed(Exception):
@@ -255,6 +256,9 @@ def reward_scores(work, rollouts: list) -> tuple[float | None, ...]:
 def trainer_runners(worker: ExecutorWorker, stages: dict[str, str]) -> dict:
     """The trainer's passes for each stage it hosts (`stages`: name -> kind), looked up on the
     worker's current trainer (the Ray runtime swaps in a remote one)."""
-    method = {"reward": "reward", "reference": "reference", "critic": "values", "train": "train"}
-    return {name: (lambda rollouts, m=method[kind]: getattr(worker.learner, m)(rollouts))
-            for name, kind in stages.items()}
+    return {name: _runner(worker, kind_rule(kind).role_call) for name, kind in stages.items()}
+
+
+def _runner(worker: ExecutorWorker, method: str):
+    """The kind table's trainer call, looked up when it runs (the trainer may have been swapped)."""
+    return lambda rollouts: getattr(worker.learner, method)(rollouts)

@@ -18,6 +18,7 @@ from aspc.controller.config import UnsupportedPlan
 from aspc.drivers.local.runtime import LocalRuntime
 from aspc.drivers.local.workers import InstanceLost, WorkerFailed
 from aspc.drivers.ray.placement import device_bundles, engine_node, missing_devices, rank0_node
+from aspc.ir.kinds import ROLE_CALLS
 
 MAX_RESTARTS = 3
 JOIN_TIMEOUT_S = 600  # an engine's actor and the learner's meeting in its weight-transfer group
@@ -156,7 +157,7 @@ class RemoteLearner:
             raise WorkerFailed(f"the learner's actor failed while building the trainer: {cause(error)}") from None
 
     def __getattr__(self, method):
-        if method in ("reward", "reference", "values", "train"):
+        if method in ROLE_CALLS:
             return lambda rollouts: self._get(self.actor.run.remote(method, rollouts))
         raise AttributeError(method)
 

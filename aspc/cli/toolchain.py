@@ -1,6 +1,9 @@
 """Source to plan in one call: front end, the schedule's passes, the execution plan.
 
 The CLI, the benchmarks and the tests use it; it wires the layers together and adds nothing.
+It lives with the CLI, the one place that wires layers (DESIGN.md), above the passes: in
+aspc/plan/ it made a cycle (plan -> passes -> cost model -> plan); a contract in pyproject.toml
+now keeps the execution plan free of the front end, the passes and the cost model.
 """
 from __future__ import annotations
 
