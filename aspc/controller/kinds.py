@@ -2,8 +2,8 @@
 and the stages no driver executes yet.
 
 The controller builds its queues from the table, the drivers look up the role that executes a
-stage there, and the simulator looks up how a stage is priced. A stage whose rule says `refused`
-is turned away before a run with a message at its source line — never run for free.
+stage there, and the simulator looks up how a stage is priced. A plan shape no driver runs is
+turned away before a run with a message at its source line — never run for free.
 """
 from __future__ import annotations
 
@@ -28,12 +28,6 @@ def rule_for(stage: StagePlan) -> KindRule:
 def refusals(plan: ExecutionPlan) -> list[StageRefusal]:
     """Stages no driver executes yet, each said at its stage (the CLI adds the source line)."""
     found = []
-    for stage in plan.stages:
-        rule = rule_for(stage)
-        if rule.refused:
-            hint = "leave the environment stage out until agentic RL lands" if stage.kind == "environment" else ""
-            found.append(StageRefusal(stage.name, f"stage '{stage.name}': no driver executes or prices "
-                                                  f"{rule.refused} yet, and they are never counted as free", hint))
     for kind in ("generate", "train"):
         first, *more = plan.stages_of(kind) or [None]
         for stage in more:

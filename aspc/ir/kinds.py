@@ -58,7 +58,6 @@ class KindRule:
     before_train: bool = False  # the controller routes each unit through it before training
     role_call: str | None = None  # the trainer-role method a driver calls on a unit of it
     ascend: AscendRule | None = None  # the Ascend lowering's executors; None: nothing launched
-    refused: str = ""  # why no driver executes or prices it yet ("" when it runs)
 
     @property
     def on_devices(self) -> bool:
