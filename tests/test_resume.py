@@ -72,15 +72,25 @@ def test_sigkill_mid_run_then_resume_trains_every_sample_exactly_once(tmp_path):
         assert [tuple(s) for s in r["trained"]] == sorted(expected)
 
 
-def test_ctrl_c_stops_cleanly_with_a_final_checkpoint(tmp_path):
+def signalled_after_three_steps(tmp_path, signum) -> tuple[int, str]:
+    """A long run sent `signum` once three steps are recorded: (exit code, stderr)."""
     process = subprocess.Popen(command(tmp_path, steps=100_000, every=1000),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
     while len(metrics(tmp_path / "m.jsonl")) < 3 and time.time() < deadline and process.poll() is None:
         time.sleep(0.05)
-    process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=120)
-    assert process.returncode == 130
+    process.send_signal(signum)
+    try:
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    return process.returncode, err
+
+
+def test_ctrl_c_stops_cleanly_with_a_final_checkpoint(tmp_path):
+    code, err = signalled_after_three_steps(tmp_path, signal.SIGINT)
+    assert code == 130
     assert "stopped by Ctrl-C" in err and "--resume" in err
     saved = (tmp_path / "ck" / "latest").read_text().strip()
     assert int(saved.split("-")[1]) >= 3  # the last finished step, not a multiple of 1000
@@ -88,18 +98,8 @@ def test_ctrl_c_stops_cleanly_with_a_final_checkpoint(tmp_path):
 
 def test_sigterm_saves_the_last_finished_step_and_exits_143(tmp_path):
     """SIGTERM (`kill`, a scheduler's stop) is handled as Ctrl-C is, with 128 + 15 as the exit code."""
-    process = subprocess.Popen(command(tmp_path, steps=100_000, every=1000),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 240
-    while len(metrics(tmp_path / "m.jsonl")) < 3 and time.time() < deadline and process.poll() is None:
-        time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)
-    try:
-        _, err = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 143, err
+    code, err = signalled_after_three_steps(tmp_path, signal.SIGTERM)
+    assert code == 143, err
     assert "Traceback" not in err, err
     done = len(metrics(tmp_path / "m.jsonl"))
     assert f"stopped by SIGTERM after step {done}" in err and "--resume" in err
