@@ -145,7 +145,7 @@ class Generation:
 
     def dispatch_all(self, only: int | None = None) -> list[Dispatch]:
         """Fill free capacity (of every instance, or of `only`) from the queues."""
-        actions = []
+        actions: list[Dispatch] = []
         if self.paused:
             return actions
         if only is not None and len(self.instances[only].inflight) >= self.instances[only].capacity:

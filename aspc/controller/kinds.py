@@ -35,9 +35,9 @@ def refusals(plan: ExecutionPlan) -> list[StageRefusal]:
             found.append(StageRefusal(stage.name, f"stage '{stage.name}': no driver executes or prices "
                                                   f"{rule.refused} yet, and they are never counted as free", hint))
     for kind in ("generate", "train"):
-        first, *more = plan.stages_of(kind) or [None]
-        for stage in more:
+        stages = plan.stages_of(kind)
+        for stage in stages[1:]:
             found.append(StageRefusal(stage.name, f"stage '{stage.name}': the runtime runs one {kind} stage per "
-                                                  f"pipeline, and '{first.name}' is one",
+                                                  f"pipeline, and '{stages[0].name}' is one",
                                       "split the pipeline in two, one per generate and train stage"))
     return found + [r for r in [rebalance_refusal(plan)] if r is not None]
