@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from aspc.controller.config import ControllerConfig
 from aspc.controller.events import Action, MoveInstance, OptimizerStep, PublishWeights, RunWork, Work
 
 
@@ -38,7 +39,7 @@ def _step_of(item: Item) -> int:
 
 
 class DeviceWork:
-    def __init__(self, config):
+    def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         self.trainer = config.executor_of(config.train_stage)
         self.hosted = [{stage for stage, _ in e.hosts} for e in config.executors]
