@@ -92,7 +92,7 @@ class ControllerConfig:
             raise UnsupportedPlan("the runtime executes one generate and one train stage; this plan has "
                                   f"{len(generators)} and {len(trainers)}")
         gen, train = generators[0], trainers[0]
-        data = plan.dataset(gen.data)
+        data = plan.dataset_of(gen)
         dispatch = next((d for d in plan.dispatches if d.target == gen.name), None)
         routed = [s for s in plan.stages if rule_for(s).before_train]
         on_devices = [s for s in routed if rule_for(s).on_devices] + [train]
@@ -159,6 +159,7 @@ def _executors(stages: list[StagePlan], gen: StagePlan) -> tuple[ExecutorSpec, .
     """Group (stage, instance) placements whose devices overlap on a pool, in plan order."""
     groups: list[tuple[str, set[int], list[tuple[str, int]]]] = []
     for stage in stages:
+        assert stage.pool is not None, f"stage '{stage.name}' runs on executors but on no pool"
         for inst in stage.instances:
             devices = set(inst.devices) or {-1 - inst.index}  # a host-placed instance: its own executor
             merged = [g for g in groups if g[0] == stage.pool and g[1] & devices]
@@ -172,7 +173,8 @@ def _executors(stages: list[StagePlan], gen: StagePlan) -> tuple[ExecutorSpec, .
     per_pool: dict[str, int] = {}
     for pool, _, _ in groups:
         per_pool[pool] = per_pool.get(pool, 0) + 1
-    out, seen = [], {}
+    out: list[ExecutorSpec] = []
+    seen: dict[str, int] = {}
     for pool, devices, hosts in groups:
         k = seen[pool] = seen.get(pool, -1) + 1
         name = pool if per_pool[pool] == 1 else f"{pool}[{k}]"

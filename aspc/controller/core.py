@@ -50,7 +50,7 @@ class Controller:
         if isinstance(event, SampleFinished):
             event = SamplesFinished(event.instance, (event,))
         if self.rebalancer is not None:
-            self._observe(event)
+            self._observe(self.rebalancer, event)
         handler = getattr(self, "_on_" + type(event).__name__)
         actions = handler(event)
         # finished samples free capacity on their own instance only; anything else may change more
@@ -71,7 +71,7 @@ class Controller:
         actions = []
         for finished in event.finished:
             if self.rebalancer is not None:
-                self._observe_finish(finished)
+                self._observe_finish(self.rebalancer, finished)
             actions += self._on_SampleFinished(finished)
         return actions
 
@@ -183,6 +183,7 @@ class Controller:
     def _on_InstanceMoved(self, event: InstanceMoved) -> list:
         self.devices.trainer_done("move")
         self.moving.discard(event.instance)
+        assert self.rebalancer is not None, "an instance moved without a rebalancer"
         self.rebalancer.moved(event.instance, event.role)
         if event.role == "learn":
             return []
@@ -214,16 +215,18 @@ class Controller:
         """Each group whose scores are in: the groups now sure to be in the step's batch join its
         units; then the step is topped up with more prompts, or cancels what it still queues once
         it is full."""
-        actions = []
+        actions: list = []
         scored, self.learner.scored = self.learner.scored, []
+        group_filter = self.filter
+        assert group_filter is not None, "groups scored for a filter without dynamic sampling"
         for step, prompt in scored:
-            self.filter.decide(step, prompt)
-            actions += self._admit(step, self.filter.admissible(step))
-            if not self.filter.full(step):
-                self.gen.release_prompts(step, self.filter.top_up(step))
-                actions += self._admit(step, self.filter.padding(step))
-            if self.filter.full(step) and not self.filter.steps[step].closed:
-                self.filter.close(step, self.gen.cancel(step))
+            group_filter.decide(step, prompt)
+            actions += self._admit(step, group_filter.admissible(step))
+            if not group_filter.full(step):
+                self.gen.release_prompts(step, group_filter.top_up(step))
+                actions += self._admit(step, group_filter.padding(step))
+            if group_filter.full(step) and not group_filter.steps[step].closed:
+                group_filter.close(step, self.gen.cancel(step))
         return actions
 
     def _admit(self, step: int, prompts: list[int]) -> list:
@@ -257,9 +260,11 @@ class Controller:
             target = "gen"
         else:
             return []
+        pool = self.config.shared_pool
+        assert pool is not None, "time-shared executors without a shared pool"
         self.mode = "switching"
         self.gen.paused = True
-        return [SwitchPool(self.config.shared_pool, target)]
+        return [SwitchPool(pool, target)]
 
     def _gen_busy(self) -> bool:
         for i in range(len(self.gen.instances)):  # a loop, not a generator: asked after every event
@@ -282,19 +287,19 @@ class Controller:
             if self.gen.drained(i):
                 self._move(i, "learn")
 
-    def _observe(self, event) -> None:
+    def _observe(self, rebalancer: Rebalancer, event) -> None:
         """What the rebalancer measures, in the state before the event."""
         if isinstance(event, WorkFinished) and self.devices.where.get(event.work) == self.devices.trainer:
             work = self.learner.work[event.work]
             passes = len(work.samples) * (TRAIN_PASSES if work.kind == "train" else 1)
-            self.rebalancer.trainer_progress(passes, self._gate_idle())
+            rebalancer.trainer_progress(passes, self._gate_idle())
         elif isinstance(event, InstanceMoved):
-            self.rebalancer.new_layout()
+            rebalancer.new_layout()
 
-    def _observe_finish(self, event: SampleFinished) -> None:
+    def _observe_finish(self, rebalancer: Rebalancer, event: SampleFinished) -> None:
         """A finished sample as the rebalancer measures it, in the state before it is handled."""
         if self.gen.inflight.get(event.sample) == event.instance:
-            self.rebalancer.sample_finished(event.instance, event.sample, event.response_len, self._learner_idle())
+            rebalancer.sample_finished(event.instance, event.sample, event.response_len, self._learner_idle())
 
     def _move(self, instance: int, role: str) -> None:
         self.moving.add(instance)
@@ -327,11 +332,11 @@ class Controller:
         if self.gen.paused:
             return []
         if not inst.inflight:
-            return self._sync(i, False)
+            return self._sync(i, inst.pending_sync, False)
         if self._splittable(i) and not (self.config.tool_workers and inst.decoding()):
             for s in inst.inflight:
                 self.gen.splits[s] = self.gen.splits.get(s, 0) + 1
-            return self._sync(i, True)
+            return self._sync(i, inst.pending_sync, True)
         return []  # drain first (or, for episodes, let the turns under way end)
 
     def _splittable(self, i: int) -> bool:
@@ -353,12 +358,13 @@ class Controller:
             return self._sync_if_ready(i)
         return []
 
-    def _sync(self, i: int, interrupt: bool) -> list:
+    def _sync(self, i: int, version: int, interrupt: bool) -> list:
+        """Sync instance i to `version` (its pending sync), unless that sync is under way."""
         inst = self.gen.instances[i]
-        if inst.syncing == inst.pending_sync:
+        if inst.syncing == version:
             return []
-        inst.syncing = inst.pending_sync
-        return [SyncWeights(i, inst.pending_sync, interrupt)]
+        inst.syncing = version
+        return [SyncWeights(i, version, interrupt)]
 
     def _drained_syncs(self, i: int) -> list:
         inst = self.gen.instances[i]
@@ -404,7 +410,7 @@ class Controller:
     def idle_while_others_queue(self) -> list[tuple[int, int]]:
         """(idle instance, instance with queued work it could take): empty under queue-aware dispatch.
         Idle: nothing queued or in flight (a busy instance steals only what evens the loads out)."""
-        pairs = []
+        pairs: list[tuple[int, int]] = []
         if self.gen.paused:
             return pairs
         for i, inst in enumerate(self.gen.instances):

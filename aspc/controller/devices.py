@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from aspc.controller.events import MoveInstance, OptimizerStep, PublishWeights, RunWork, Work
+from aspc.controller.config import ControllerConfig
+from aspc.controller.events import Action, MoveInstance, OptimizerStep, PublishWeights, RunWork, Work
 
 
 @dataclass(frozen=True)
@@ -21,8 +22,9 @@ class Item:
     instance: int = -1  # a move's generation instance
     role: str = ""  # a move's new role: "learn" | "gen"
 
-    def action(self, executor: int):
+    def action(self, executor: int) -> Action:
         if self.what == "work":
+            assert self.work is not None, "a work item without its work"
             return RunWork(self.work, executor)
         if self.what == "optimizer":
             return OptimizerStep(self.step)
@@ -37,7 +39,7 @@ def _step_of(item: Item) -> int:
 
 
 class DeviceWork:
-    def __init__(self, config):
+    def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         self.trainer = config.executor_of(config.train_stage)
         self.hosted = [{stage for stage, _ in e.hosts} for e in config.executors]
@@ -52,7 +54,10 @@ class DeviceWork:
             self.queue.append(item)
 
     def may_run(self, item: Item, k: int) -> bool:
-        return k == self.trainer if item.what != "work" else item.work.stage in self.hosted[k]
+        if item.what != "work":
+            return k == self.trainer
+        assert item.work is not None, "a work item without its work"
+        return item.work.stage in self.hosted[k]
 
     def start(self, may_start) -> list:
         """Start the ready item of the oldest step each free executor may run, first come first
@@ -60,7 +65,7 @@ class DeviceWork:
         oldest step's work is the critical path: the next optimizer step waits on it, while a
         newer step's reference or reward pass can wait (under staleness 2 it became ready first and
         delayed training)."""
-        actions = []
+        actions: list[Action] = []
         if not self.queue:
             return actions
         for k, current in enumerate(self.running):

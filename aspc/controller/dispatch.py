@@ -8,7 +8,7 @@ from typing import NamedTuple
 class Load(NamedTuple):  # one per instance for every unit routed: a named tuple, as Request
     """What the controller knows of one instance when it routes work."""
 
-    index: int
+    instance: int  # not `index`: that would shadow tuple.index
     live: bool
     queued_requests: int
     inflight_requests: int
@@ -20,10 +20,10 @@ def choose_instance(policy: str, loads: list[Load], counter: int) -> int:
     """The instance a new unit goes to."""
     live = [l for l in loads if l.live] or loads
     if policy == "queue_aware":
-        return min(live, key=lambda l: (l.queued_work + l.inflight_work, l.index)).index
+        return min(live, key=lambda l: (l.queued_work + l.inflight_work, l.instance)).instance
     if policy == "least_requests":
-        return min(live, key=lambda l: (l.queued_requests + l.inflight_requests, l.index)).index
-    return live[counter % len(live)].index  # round_robin, and the static split of sync-naive
+        return min(live, key=lambda l: (l.queued_requests + l.inflight_requests, l.instance)).instance
+    return live[counter % len(live)].instance  # round_robin, and the static split of sync-naive
 
 
 def steals(policy: str) -> bool:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from operator import attrgetter
 
+from aspc.controller.config import ControllerConfig
 from aspc.controller.dispatch import Load, choose_instance, steals
 from aspc.controller.events import Dispatch, Request, SampleId
 
@@ -50,7 +52,7 @@ class InstanceState:
 
 
 class Generation:
-    def __init__(self, config, prompt_len, start_version: int = 0):
+    def __init__(self, config: ControllerConfig, prompt_len: Callable[[int, int], int], start_version: int = 0) -> None:
         self.config = config
         self.prompt_len = prompt_len
         self.instances = [InstanceState(loaded=start_version) for _ in range(config.instances)]
@@ -145,7 +147,7 @@ class Generation:
 
     def dispatch_all(self, only: int | None = None) -> list[Dispatch]:
         """Fill free capacity (of every instance, or of `only`) from the queues."""
-        actions = []
+        actions: list[Dispatch] = []
         if self.paused:
             return actions
         if only is not None and len(self.instances[only].inflight) >= self.instances[only].capacity:

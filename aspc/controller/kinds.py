@@ -29,9 +29,9 @@ def refusals(plan: ExecutionPlan) -> list[StageRefusal]:
     """Stages no driver executes yet, each said at its stage (the CLI adds the source line)."""
     found = []
     for kind in ("generate", "train"):
-        first, *more = plan.stages_of(kind) or [None]
-        for stage in more:
+        stages = plan.stages_of(kind)
+        for stage in stages[1:]:
             found.append(StageRefusal(stage.name, f"stage '{stage.name}': the runtime runs one {kind} stage per "
-                                                  f"pipeline, and '{first.name}' is one",
+                                                  f"pipeline, and '{stages[0].name}' is one",
                                       "split the pipeline in two, one per generate and train stage"))
     return found + [r for r in [rebalance_refusal(plan)] if r is not None]

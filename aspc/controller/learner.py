@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 
+from aspc.controller.config import ControllerConfig
 from aspc.controller.events import SampleId, Work
 
 
 class Learner:
-    def __init__(self, config):
+    def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         self.group_done: dict[tuple[int, int], int] = defaultdict(int)
         self.ready_groups: dict[int, list[int]] = defaultdict(list)  # step -> completed prompts

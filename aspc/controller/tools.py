@@ -22,8 +22,8 @@ class ToolRunners:
         actions = []
         while self.waiting and self.free:
             runner = heapq.heappop(self.free)
-            self.running[runner] = self.waiting.popleft()
-            actions.append(RunTool(self.running[runner][0], runner))
+            call = self.running[runner] = self.waiting.popleft()
+            actions.append(RunTool(call[0], runner))
         return actions
 
     def done(self, runner: int) -> tuple[SampleId, int] | None:

@@ -16,6 +16,7 @@ import random
 from dataclasses import dataclass
 
 from aspc.ir.graph import DataSpec
+from aspc.plan.execution_plan import DataPlan
 from aspc.ir.values import Call
 
 DEFAULT_SIGMA = 0.8
@@ -169,7 +170,7 @@ def _params(dist: Call) -> dict:
     return dict(dist.kwargs)
 
 
-def draw_rewards(data: DataSpec, solve_rates: Call, step: int, prompt: int) -> list[float]:
+def draw_rewards(data: DataSpec | DataPlan, solve_rates: Call, step: int, prompt: int) -> list[float]:
     """A group's verifiable rewards (1 solved, 0 not) for simulating dynamic sampling: the
     prompt's solve rate p is drawn from `solve_rates` (beta(a, b)), each response solves it with
     chance p, so the group is all-equal with chance p^group + (1-p)^group."""
@@ -222,7 +223,7 @@ class EpisodeDraw:
     observations: tuple[int, ...]
 
 
-def draw_episode(env: Environment, data: DataSpec, step: int, prompt: int, index: int, response_len: int,
+def draw_episode(env: Environment, data: DataSpec | DataPlan, step: int, prompt: int, index: int, response_len: int,
                  seed: int | None = None) -> EpisodeDraw:
     """Deterministic per sample (not per arrival order): T turns from `turns` (at most max_turns and
     the response's tokens), the response split over them at random (each turn one token or more),

@@ -163,6 +163,11 @@ class ExecutionPlan:
     def dataset(self, name: str) -> DataPlan:
         return next(d for d in self.data if d.name == name)
 
+    def dataset_of(self, stage: StagePlan) -> DataPlan:
+        """The dataset a stage reads: a generate stage always names one (the checker refuses it otherwise)."""
+        assert stage.data is not None, f"stage '{stage.name}' reads no dataset"
+        return self.dataset(stage.data)
+
     def pool(self, name: str) -> PoolPlan:
         return next(p for p in self.pools if p.name == name)
 

@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 class _Call:
     def __init__(self, rollouts: list):
-        self.rollouts, self.finished, self.error = rollouts, False, None
+        self.rollouts, self.finished = rollouts, False
+        self.error: BaseException | None = None
 
 
 class BatchedCalls:
@@ -72,4 +73,4 @@ class BatchedCalls:
         return {"score": self.score}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["score"])
+        BatchedCalls.__init__(self, state["score"])  # fresh lock and queue: neither pickles

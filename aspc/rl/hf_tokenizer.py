@@ -36,13 +36,16 @@ class HfTokenizer:
         """The text up to the first end-of-sequence id, without special tokens."""
         ids = [int(i) for i in ids]
         end = next((n for n, i in enumerate(ids) if i in self.eos_ids), len(ids))
-        return self.inner.decode(ids[:end], skip_special_tokens=True)
+        text = self.inner.decode(ids[:end], skip_special_tokens=True)
+        assert isinstance(text, str), "one sequence of ids decodes to one string"
+        return text
 
     def prompt_ids(self, text: str) -> list[int]:
         if not self.chat_template:
             return self.inner.encode(text)
         rendered = self.inner.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                                   add_generation_prompt=True)
+        assert isinstance(rendered, str), "tokenize=False renders text"
         return self.encode(rendered)
 
 

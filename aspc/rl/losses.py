@@ -9,6 +9,7 @@ tests/test_losses_reference.py checks every function against the TRL / verl form
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 
@@ -17,7 +18,14 @@ AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_
 OFF_POLICY = ("clip", "tis", "decoupled")
 # The train options the IR leaves out at their defaults (aspc/frontend/schema.py says the same;
 # tests/test_off_policy.py checks that both agree). loss_agg: None = by loss (default_aggregation).
-LOSS_DEFAULTS = {"loss_agg": None, "off_policy": "clip", "is_cap": 2.0, "value_clip": 0.0}
+class LossDefaults(TypedDict):
+    loss_agg: str | None
+    off_policy: str
+    is_cap: float
+    value_clip: float
+
+
+LOSS_DEFAULTS: LossDefaults = {"loss_agg": None, "off_policy": "clip", "is_cap": 2.0, "value_clip": 0.0}
 
 
 class NonFiniteError(ValueError):

@@ -159,7 +159,7 @@ def call_with_timeout(function: Callable, args: tuple, timeout_s: float | None):
     thread = threading.Thread(target=call, daemon=True, name=f"reward {getattr(function, '__name__', '')}")
     thread.start()
     thread.join(timeout_s)
-    if thread.is_alive():
+    if timeout_s is not None and thread.is_alive():  # without a limit, join returns when the call ends
         raise RewardTimeout(timeout_s)
     error = outcome.get("error")
     if error is None:

@@ -74,6 +74,7 @@ class CpuJudge:
     def __init__(self, model: TinyQwen, rubric: str = "", read: str = "probability", prompt=None):
         self.model, self.read = model.eval(), read
         self.prompt = prompt or CharPrompt(rubric, model.arch.max_seq)
+        self.source = "judge"  # how messages name it: a reward stage sets judge(NAME)
 
     @torch.no_grad()
     def scores(self, rollouts: list) -> list[float]:

@@ -81,8 +81,8 @@ class Learner:
 
     def _advantages(self, rollouts: list[Rollout]):
         if self.s.estimator == "gae":
-            pairs = [gae(r.reward, r.values, self.s.gamma, self.s.lam) if not r.masked
-                     else ([0.0] * len(r.values), list(r.values)) for r in rollouts]
+            pairs = [gae(r.reward, _critic_values(r), self.s.gamma, self.s.lam) if not r.masked
+                     else ([0.0] * len(_critic_values(r)), list(_critic_values(r))) for r in rollouts]
             advantages = [a for a, _ in pairs]
             if self.s.normalize:  # whitened over the unit trained together (verl compute_gae_advantage_return)
                 advantages = whiten(advantages, [r.masked for r in rollouts])
@@ -260,3 +260,9 @@ def _decode(ids) -> str:
     from aspc.rl.tokenizer import decode
 
     return decode(ids)
+
+
+def _critic_values(rollout: Rollout) -> list[float]:
+    """The critic's values of a rollout: GAE runs only after the critic's pass set them."""
+    assert rollout.values is not None, f"sample {rollout.key}: GAE without the critic's values"
+    return rollout.values

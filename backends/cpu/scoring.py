@@ -80,7 +80,8 @@ def build_terms(sources, models: dict, base_dir: Path | None) -> list[tuple[obje
     """The stage's sources in order: model(NAME) -> the loaded reward model, judge(NAME) -> the
     loaded judge with the source's rubric and read, rule and python -> their functions. `models`:
     name -> a RewardModel or a judge's TinyQwen, each this instance's own copy."""
-    terms = []
+    terms: list[tuple[object, float]] = []
+    term: _ModelTerm | CpuJudge | _FunctionTerm
     for source in sources:
         if source.func == "model":
             term = _ModelTerm(models[source.get("model")], f"model({source.get('model')})")

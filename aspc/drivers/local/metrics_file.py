@@ -31,17 +31,17 @@ class MetricsFile:
         if self.path is None:
             return None
         with _naming(self.path):
-            return self._open()
+            return self._open(self.path)
 
-    def _open(self) -> str | None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def _open(self, path: Path) -> str | None:
+        path.parent.mkdir(parents=True, exist_ok=True)
         if self.resume_version is not None:
-            self._keep_through(self.resume_version)
+            _keep_through(path, self.resume_version)
             return None
-        if self.path.exists() and self.path.stat().st_size > 0:
-            aside = _free_name(self.path)
-            os.replace(self.path, aside)
-            return f"the previous metrics in {self.path} were moved to {aside}"
+        if path.exists() and path.stat().st_size > 0:
+            aside = _free_name(path)
+            os.replace(path, aside)
+            return f"the previous metrics in {path} were moved to {aside}"
         return None
 
     def append(self, row: dict) -> None:
@@ -56,11 +56,13 @@ class MetricsFile:
             out.write(line)
             out.flush()
 
-    def _keep_through(self, version: int) -> None:
-        rows = [r for r in read_rows(self.path) if r.get("step", 0) <= version]
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-        os.replace(tmp, self.path)
+
+def _keep_through(path: Path, version: int) -> None:
+    """Drop the rows after step `version` (a resumed run writes them again)."""
+    rows = [r for r in read_rows(path) if r.get("step", 0) <= version]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def check_can_write(path: Path) -> None:

@@ -251,7 +251,8 @@ class ProcessEngine:
         self.child = ChildProcess(name, _EngineServer(engine), threads, set_threads, search_path,
                                   f"the process of {name}")
         self.buffer: list = []
-        self._busy, self.held, self._calls = False, 0, []
+        self._busy, self.held = False, 0
+        self._calls: list = []
 
     @property
     def busy(self) -> bool:

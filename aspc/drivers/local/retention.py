@@ -8,6 +8,7 @@ checkpoint, past damaged newer ones) are neither counted nor deleted: the run wr
 from __future__ import annotations
 
 import shutil
+from os import PathLike
 
 
 def steps_to_prune(steps: list[int], written: int, keep: int | None) -> list[int]:
@@ -21,7 +22,7 @@ def steps_to_prune(steps: list[int], written: int, keep: int | None) -> list[int
     return sorted(older[keep - 1:])
 
 
-def prune(folders: list[tuple[int, object]], written: int, keep: int | None) -> list[int]:
+def prune(folders: list[tuple[int, str | PathLike[str]]], written: int, keep: int | None) -> list[int]:
     """Delete the step folders (step, path) that `steps_to_prune` names; returns their steps."""
     paths = dict(folders)
     gone = steps_to_prune(list(paths), written, keep)

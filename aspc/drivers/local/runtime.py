@@ -8,6 +8,7 @@ import sys
 import threading
 import zlib
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -38,15 +39,16 @@ class RunOptions:
     warmstart_steps: int = 200
     metrics_path: Path | None = None
     seed: int = 0
-    on_step: object = None  # callback(step, metrics)
-    on_warmstart: object = None  # callback(step, loss)
+    on_step: Callable[[int, dict], None] | None = None  # callback(step, metrics)
+    on_warmstart: Callable[..., None] | None = None  # callback(step, loss)
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 10
     resume: bool = False
     threads: int | None = None  # torch threads per worker; None: a share of the cores (threads.py)
     workers: str = "threads"  # "processes": generation instances and the learner in processes (processes.py)
     keep: int | None = None  # step checkpoints kept, the newest; None: all (retention.py)
-    on_warning: object = None  # callback(message): a check of aspc/controller/health.py found a problem
+    # callback(message): a check of aspc/controller/health.py found a problem
+    on_warning: Callable[[str], None] | None = None
 
 
 @dataclass
@@ -67,7 +69,7 @@ class LocalRuntime:
         every = options.checkpoint_every if options.checkpoint_dir is not None else 0
         self.config = ControllerConfig.from_plan(plan, options.steps, every)
         self.gen_stage, self.train_stage = plan.stages_of("generate")[0], plan.stages_of("train")[0]
-        self.data = plan.dataset(self.gen_stage.data)
+        self.data = plan.dataset_of(self.gen_stage)
         self.executors = executors(plan, base_dir, options.seed)
         self.clock = clock or RealTime()
         self.events = self.clock.queue()
@@ -83,7 +85,7 @@ class LocalRuntime:
         self.resumed = None  # the checkpoint folder a resumed run continues from
         self.stopped = False
         self.learner_lost: str | None = None  # why the learner's state is gone (its process died)
-        self.save_failed = None  # the CheckpointError of a save that failed: no other is tried
+        self.save_failed: Exception | None = None  # the CheckpointError of a save that failed: no other is tried
 
     # ---- building ----
     def accuracy(self, count: int = 128) -> float:
@@ -214,6 +216,7 @@ class LocalRuntime:
         (`ForwardModel.score`) or an LLM judge's verdicts (`Judge.judge`)."""
         if role == "judge":
             policy = next(s.calls for s in self.config.forward_stages if s.name == stage)
+            assert policy is not None, f"judge stage '{stage}' without its call policy"
             return GuardedJudge(self.executors.judge(stage, index).judge, stage, policy, self.clock)
         return self.executors.forward_model(stage, index).score
 
@@ -277,10 +280,12 @@ class LocalRuntime:
             raise
 
     def _write(self, version: int, models: dict, optimizers: dict) -> None:
-        self.executors.save_checkpoint(self.options.checkpoint_dir, version, models, optimizers,
+        directory = self.options.checkpoint_dir
+        assert directory is not None, "a checkpoint asked of a run without a checkpoint folder"
+        self.executors.save_checkpoint(directory, version, models, optimizers,
                         {"pipeline": self.plan.pipeline, "schedule": self.plan.schedule,
                          "config": self._fingerprint()})
-        prune(self.executors.step_folders(self.options.checkpoint_dir), version, self.options.keep)
+        prune(self.executors.step_folders(directory), version, self.options.keep)
 
     def _load(self, path) -> int:
         models, optimizers = self._parts()
@@ -435,6 +440,7 @@ class LocalRuntime:
                 scores = reward_scores(action.work, rollouts) if self.config.filters_groups else None
                 self.internal.append(WorkFinished(action.work.id, scores))
             case RunWork():
+                assert action.executor is not None  # the case above runs host stages
                 self.exec_workers[action.executor].inbox.put(("work", action.work))
             case OptimizerStep():
                 self.learner_worker.inbox.put(("optimizer", action.step))

@@ -41,7 +41,8 @@ class GuardedJudge:
 
     def _concurrently(self, calls: list[list]) -> list[Outcome]:
         outcomes: list[Outcome] = [""] * len(calls)
-        pending, running = deque(range(len(calls))), {}
+        pending = deque(range(len(calls)))
+        running: dict[int, float] = {}  # call -> when it started
         done: queue.Queue = queue.Queue()
         while pending or running:
             while pending and len(running) < self.policy.concurrency:
@@ -53,7 +54,7 @@ class GuardedJudge:
             try:
                 i, outcome = done.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                i, outcome = min(running, key=running.get), f"timed out after {self.policy.timeout_s:g} s"
+                i, outcome = min(running, key=lambda j: running[j]), f"timed out after {self.policy.timeout_s:g} s"
             if running.pop(i, None) is not None:  # an abandoned call's late answer is dropped
                 outcomes[i] = outcome
         return outcomes
@@ -63,5 +64,5 @@ class GuardedJudge:
             failed = isinstance(outcome, str)
             for k, r in enumerate(rollouts):
                 r.masked = failed
-                r.reward, r.task_reward = (self.policy.fallback,) * 2 if failed else outcome[k]
-            self.tally.record(failed, outcome if failed else "")
+                r.reward, r.task_reward = (self.policy.fallback,) * 2 if isinstance(outcome, str) else outcome[k]
+            self.tally.record(failed, outcome if isinstance(outcome, str) else "")

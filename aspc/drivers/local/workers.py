@@ -7,6 +7,7 @@ from __future__ import annotations
 import queue
 import threading
 import traceback
+from collections.abc import Callable
 
 from aspc.accounting.trace import Span
 from aspc.controller.events import (InstanceFailed, InstanceMoved, InstanceRecovered, OptimizerDone, PoolSwitched,
@@ -28,8 +29,9 @@ class Worker(threading.Thread):
         self.events, self.clock = events, clock
         self.spans: list[Span] = []
         self.stopping = threading.Event()
-        self.setup = None  # called on the worker's own thread first: sets its torch thread count
-        self.torch_threads = None  # what setup returned
+        # called on the worker's own thread first: sets its torch thread count
+        self.setup: Callable[[], object] | None = None
+        self.torch_threads: object = None  # what setup returned
         self.error: Exception | None = None  # what ended the thread, also reported as an event
 
     def run(self) -> None:
@@ -42,6 +44,10 @@ class Worker(threading.Thread):
             self.events.put(("error", self.name, error, traceback.format_exc()))
         finally:
             self.clock.leave()
+
+    def loop(self) -> None:
+        """The worker's work until it is stopped: each kind of worker has its own."""
+        raise NotImplementedError
 
     def span(self, start: float, category: str, label: str) -> None:
         self.spans.append(Span(self.name, start, self.clock(), category, label))
@@ -196,11 +202,12 @@ class ExecutorWorker(Worker):
         self.learner, self.weights, self.metrics = trainer, weights, metrics
         self.checkpoint, self.switch = checkpoint, switch
         self.trained: dict[int, list] = {}  # step -> sample ids trained in it
-        self.completed = None  # the last version published
-        self.stepped = None  # the version the trainer's weights are at (its last optimizer step's)
+        self.completed: int | None = None  # the last version published
+        self.stepped: int | None = None  # the version the trainer's weights are at (its last optimizer step's)
         self.report_rewards = False  # dynamic sampling: WorkFinished carries a reward work's scores
-        self.saved = None  # the last version checkpointed
-        self.move = None  # runtime rebalancing: move(instance, role) carries a move out on the trainer's devices
+        self.saved: int | None = None  # the last version checkpointed
+        # runtime rebalancing: move(instance, role) carries a move out on the trainer's devices
+        self.move: Callable[[int, str], None] | None = None
 
     def loop(self) -> None:
         while True:
@@ -230,6 +237,7 @@ class ExecutorWorker(Worker):
                 self.span(start, "sync", f"publish v{payload}")
                 self.events.put(WeightsPublished(payload))
             elif kind == "move":  # (instance, role): a generation instance joins or leaves the trainer
+                assert self.move is not None, "a move asked of a runtime without rebalancing"
                 self.move(*payload)
                 self.span(start, "sync", f"move gen[{payload[0]}] to {payload[1]}")
                 self.events.put(InstanceMoved(*payload))
@@ -256,7 +264,13 @@ def reward_scores(work, rollouts: list) -> tuple[float | None, ...]:
 def trainer_runners(worker: ExecutorWorker, stages: dict[str, str]) -> dict:
     """The trainer's passes for each stage it hosts (`stages`: name -> kind), looked up on the
     worker's current trainer (the Ray runtime swaps in a remote one)."""
-    return {name: _runner(worker, kind_rule(kind).role_call) for name, kind in stages.items()}
+    return {name: _runner(worker, _role_call(kind)) for name, kind in stages.items()}
+
+
+def _role_call(kind: str) -> str:
+    call = kind_rule(kind).role_call
+    assert call is not None, f"a {kind} stage on the trainer, but the kind table names no trainer call for it"
+    return call
 
 
 def _runner(worker: ExecutorWorker, method: str):

@@ -89,8 +89,10 @@ class Simulation:
         self.cores = getattr(pricing, "cores", None)  # shared CPU cores, calibrated runs (aspc/costmodel/cores.py)
         self.config = ControllerConfig.from_plan(plan, steps)
         self.gen_stage = plan.stages_of("generate")[0]
+        assert self.gen_stage.pool is not None, "the generate stage runs on no pool"
+        self.gen_pool: str = self.gen_stage.pool
         self.train_stage = plan.stages_of("train")[0]
-        self.data = plan.dataset(self.gen_stage.data)
+        self.data = plan.dataset_of(self.gen_stage)
         self.workload = StepLengths(self.data, self.config.prompt_stride)
         self._lengths = self.workload.drawn  # step -> (prompt lengths, response lengths)
         self._rewards: dict[tuple[int, int], list[float]] = {}
@@ -176,6 +178,7 @@ class Simulation:
     def episode(self, sample) -> EpisodePlan:
         if sample not in self._episodes:
             step, prompt, index = sample
+            assert self.env is not None and self.policy is not None, "an episode in a plan without an environment"
             draw = draw_episode(self.env, self.data, step, prompt, index, self.response_len(sample))
             self._episodes[sample] = plan_episode(self.env, self.policy, draw)
         return self._episodes[sample]

@@ -41,7 +41,8 @@ class EpisodePlan:
 
 
 def plan_episode(env: Environment, policy: EpisodePolicy, draw: EpisodeDraw) -> EpisodePlan:
-    episode, calls = Episode(), []
+    episode = Episode()
+    calls: list[ToolCall] = []
     for i in range(len(draw.turns)):
         last = i == len(draw.turns) - 1
         reason = episode.after_turn(policy, EOS if last else CALL)
@@ -50,6 +51,8 @@ def plan_episode(env: Environment, policy: EpisodePolicy, draw: EpisodeDraw) -> 
         tool = env.tools[draw.tools[i]]
         if draw.latencies[i] >= tool.timeout:
             calls.append(ToolCall(tool.name, tool.timeout, 0))
-            return EpisodePlan(draw.turns[:i + 1], tuple(calls), episode.tool_failed("timeout"))
+            ended = episode.tool_failed("timeout")
+            assert ended is not None, "a timed-out tool call ends its episode"
+            return EpisodePlan(draw.turns[:i + 1], tuple(calls), ended)
         calls.append(ToolCall(tool.name, draw.latencies[i], draw.observations[i]))
     raise AssertionError("an episode's last turn ends it")

@@ -41,6 +41,7 @@ def plot_figure(results: list):
         first = first or timeline
         _draw_timeline(timeline, result, tracks, spans, axis_end)
         timeline.tick_params(labelbottom=i == len(results) - 1)
+    assert first is not None, "a figure of no results"
     first.set_xlim(0, axis_end)
     fig.axes[-1].set_xlabel("seconds")
     _draw_bars(fig.add_subplot(grid[:, 1]), results)

@@ -114,16 +114,16 @@ def _pool_busy(sim: Simulation, wall: float, segment_seconds: dict[int, float]) 
     publish) and a time-shared pool's switches."""
     busy = {p.name: 0.0 for p in sim.plan.pools}
     for inst in sim.instances:
-        busy[sim.gen_stage.pool] += segment_seconds[inst.index] * inst.devices
+        busy[sim.gen_pool] += segment_seconds[inst.index] * inst.devices
     for ex in sim.executors:
         busy[ex.spec.pool] += sum(min(b, wall) - a for a, b in ex.busy if a < wall) * ex.devices
     for start, end, pool in sim.switch_spans:
         busy[pool] += max(0.0, min(end, wall) - start) * sim.plan.pool(pool).count
-    trainer = sim.executors[sim.controller.devices.trainer] if sim.lent_spans else None
+    trainer = sim.executors[sim.controller.devices.trainer]
     for index, spans in sim.lent_spans.items():  # a lent instance's devices work for the trainer
         lent = merge([(a, min(b, wall)) for a, b in spans])
         worked = sum(b - a for interval in trainer.busy for a, b in split_by(interval, lent)[0])
-        busy[sim.gen_stage.pool] += worked * sim.instances[index].devices
+        busy[sim.gen_pool] += worked * sim.instances[index].devices
     return {p.name: (p.count, busy[p.name]) for p in sim.plan.pools}
 
 
@@ -147,7 +147,7 @@ def _account_switches(sim: Simulation) -> None:
 def _account_instances(sim: Simulation, wall: float) -> dict[int, float]:
     """Book each generation instance's segments and idle gaps; returns the seconds of its segments
     (before `wall`) by instance."""
-    pool = sim.gen_stage.pool
+    pool = sim.gen_pool
     owned = _mode_intervals(sim, pool, ("gen",))
     busy = {i.index: _busy(i.segments, wall) for i in sim.instances}
     # Inside an instance's idle gaps, all instances' busy time is its peers' busy time: one union
