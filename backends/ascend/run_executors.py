@@ -18,7 +18,8 @@ and its controller are the same as every backend's; this factory hands them
   parameters, gradients and optimizer state to host memory, and each engine wakes its weights, takes
   the new version, then wakes its KV cache (the launch plan's colocated `weight_refresh`); to
   training, the engines sleep and the trainer onloads;
-- prompts, rule and python rewards and rollouts: the CPU backend's host side;
+- prompts, rule and python rewards, the trainer's settings, rollouts and tool runners: the run's
+  host side (aspc/rl/host.py, `RunHost`), held here as the CPU factory holds its own;
 - agentic episodes (an environment stage): each instance an `EpisodeEngine` (episodes.py: a turn
   per vLLM request, stopped at the format's call token); the tools run on the host, as in the CPU run.
 
@@ -40,15 +41,17 @@ from aspc.backends.ascend.lowering import lower
 from aspc.backends.ascend.process_env import node_address, node_addresses_from_env
 from aspc.backends.ascend.scorers import close_scorers, scorer_refusals, stage_scorer
 from aspc.backends.ascend.topology import NPUS_PER_NODE, device, pool_offsets
-from aspc.rl.data import PromptSource
-from aspc.backends.cpu.executors import LEARNED, CpuExecutors, checkpoint_dir
-from aspc.rl.hf_tokenizer import HfTokenizer
-from aspc.rl.rewards import build_reward
-from aspc.rl.rollout import Shaping, TaskReward
-from aspc.rl.tokenizer import CHARS
-from aspc.controller.episodes import EpisodePolicy
+from aspc.controller.episodes import MASKED, EpisodePolicy
+from aspc.rl import checkpoint
+from aspc.rl.checkpoint import CheckpointError
+from aspc.rl.data import DataError
+from aspc.rl.host import RunHost
+from aspc.rl.rewards import RewardError
+from aspc.rl.rollout import TrainSettings
+from aspc.rl.threads import use_threads
 from aspc.ir.facts import DTYPE_BYTES, GIB, hardware_table
 from aspc.plan.execution_plan import ExecutionPlan, StageRefusal
+from aspc.platforms import NPU
 
 # several colocated engines start in this process: each engine core in a process of its own, which
 # takes the engine's NPUs (vllm/envs.py; 1 is vLLM's default, set so that no inherited 0 moves them here)
@@ -56,17 +59,20 @@ COLOCATED_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
 TRANSFER_PORT = 28000  # + the instance: the rendezvous of one instance's weight-transfer group
 
 
-class AscendExecutors(CpuExecutors):
+class AscendExecutors:
     """One run's executors on NPUs. Raises ValueError (reported as one message) for a launch plan
     with a placeholder checkpoint."""
 
     platform = "ascend"
+    user_errors = (DataError, RewardError, CheckpointError, ValueError)
+    checkpoint_error = CheckpointError
+    set_threads = staticmethod(use_threads)  # the host's threads (a plain function: Ray actors call it)
     # megatron's rank 0 (process groups, NPU tensors, the weight sender) cannot be pickled into a Ray
     # actor: the Ray runtime's learner actor builds it from this factory, publishes version 0 there
     # and joins each engine's transfer group (aspc/drivers/ray/runtime.py, "learner_in_actor")
     learner_in_actor = True
 
-    def __init__(self, plan: ExecutionPlan, base_dir, seed: int = 0):  # not super().__init__: it builds CPU models
+    def __init__(self, plan: ExecutionPlan, base_dir, seed: int = 0):
         self.plan, self.base_dir, self.seed = plan, base_dir, seed
         self.gen_stage, self.train_stage = plan.stages_of("generate")[0], plan.stages_of("train")[0]
         self.data = plan.dataset(self.gen_stage.data)
@@ -77,16 +83,12 @@ class AscendExecutors(CpuExecutors):
         self.check_launch()
         stages = {s.stage: dataclasses.asdict(s) for s in self.launch.stages}
         self.gen_launch, self.train_launch = stages[self.gen_stage.name], stages[self.train_stage.name]
-        actor = plan.model(self.train_stage.model)
-        self.tokenizer = HfTokenizer(checkpoint_dir(actor, base_dir)) if actor.preset == "hf" else CHARS
-        self.prompts = PromptSource(self.data.source, self.data.location, self.data.seed, self.data.max_response,
-                                    base_dir, self.tokenizer)
-        sources = dict(plan.stages_of("reward")[0].options)["sources"]
-        learned = any(s.func in LEARNED for s in sources)  # scored on their own executors (scorers.py)
-        self.reward_fn, self.verifier = build_reward([] if learned else sources, base_dir), None
-        self.actor = self.learner = self._tools = None
-        environments = plan.stages_of("environment")  # agentic episodes: EpisodeEngines, the host's tool runners
-        self.env_stage = environments[0] if environments else None
+        # prompts, the rule and python rewards (model(...) and judge(...) sources are scored on their
+        # own executors: scorers.py), rollouts, the tool runners of agentic episodes
+        self.host = RunHost(plan, base_dir, MASKED)
+        self.tokenizer, self.prompts, self.reward_fn = self.host.tokenizer, self.host.prompts, self.host.reward_fn
+        self.env_stage = self.host.env_stage  # agentic episodes: EpisodeEngines, the host's tool runners
+        self.actor = self.learner = None
         self.episodes = self.episode_settings() if self.env_stage is not None else None  # a bad format fails here
         self.scorers, self.engines, self.groups = {}, {}, {}
         self.colocated = self.gen_stage.placement == "time_shared"
@@ -111,6 +113,28 @@ class AscendExecutors(CpuExecutors):
             if stage.kind == "train":
                 found += trainer_refusals(stage)
         return found
+
+    # ---- the host side (aspc/rl/host.py) ----
+    def prompt(self, index: int):
+        return self.host.prompt(index)
+
+    def rollout(self, sample, finished, prompt):
+        return self.host.rollout(sample, finished, prompt)
+
+    def tools(self):
+        """The environment's tool runners, on the host, shared by every generation instance."""
+        return self.host.tools()
+
+    def _settings(self) -> TrainSettings:
+        return self.host.settings()
+
+    def save_checkpoint(self, directory, version: int, models: dict, optimizers: dict, extra: dict):
+        return self.host.save_checkpoint(directory, version, models, optimizers, extra)
+
+    load_checkpoint = staticmethod(checkpoint.load)
+    find_resume_point = staticmethod(checkpoint.find_resume_point)
+    read_manifest = staticmethod(checkpoint.read_manifest)
+    step_folders = staticmethod(checkpoint.step_folders)
 
     def check_launch(self) -> None:
         """vLLM and megatron load the models from checkpoint directories (none may be a placeholder);
@@ -214,7 +238,7 @@ class AscendExecutors(CpuExecutors):
         env = dict(process.env if process else {})
         if self.colocated:
             return env | IPC_ENV | COLOCATED_ENV
-        env.pop("ASCEND_RT_VISIBLE_DEVICES", None)
+        env.pop(NPU.visible_devices, None)
         return env
 
     def trainer(self):
@@ -248,8 +272,9 @@ class AscendExecutors(CpuExecutors):
                          "metrics only")
 
     def forward_model(self, stage: str, instance: int):
-        """Instance `instance` of reward stage `stage` with a model(...) source: the CPU backend's
-        RewardScorer whose reward-model term is a megatron forward model in its own process (scorers.py)."""
+        """Instance `instance` of reward stage `stage` with a model(...) source: the engine-free
+        RewardScorer (aspc/rl/scoring.py) whose reward-model term is a megatron forward model in its
+        own process (scorers.py)."""
         key = (stage, instance)
         if key not in self.scorers:
             self.scorers[key] = stage_scorer(self, stage, instance)
@@ -257,14 +282,14 @@ class AscendExecutors(CpuExecutors):
 
     def judge(self, stage: str, instance: int):
         """Instance `instance` of reward stage `stage` with a judge(...) source: the same scorer, its
-        judge term the CPU judge over a vllm-ascend engine in its own process (scorers.py)."""
+        judge term the verdict judge over a vllm-ascend engine in its own process (scorers.py)."""
         return self.forward_model(stage, instance)
 
     def close(self) -> None:
         """The run is over (the driver's stop, after a failure too): the scorers' processes end, then
         the host side's (tool runners)."""
         close_scorers(self.scorers)
-        super().close()
+        self.host.close()
 
     def switch_pool(self, pool: str, mode: str) -> None:
         """The controller hands the time-shared pool over (it switches only when the side that
@@ -346,7 +371,7 @@ class AscendExecutors(CpuExecutors):
         sync = SyncSetup(arch, parallel, comm, self._sender(), colocated=self.colocated, layout=layout)
         stages = [dataclasses.asdict(s) for s in self.launch.stages]
         reference = frozen_reference(stage, rank0.model_args, reference_checkpoint(stages, stage))
-        task_reward = TaskReward(self.reward_fn, self.tokenizer.decode, Shaping(settings.overlong, settings.max_tokens))
+        task_reward = self.host.task_reward(settings)
         return Leader(MegatronTrainer(stage, rank0.model_args, settings, task_reward, sync, reference))
 
     def build_critic(self):

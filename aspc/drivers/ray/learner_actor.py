@@ -17,9 +17,11 @@ import threading
 
 import ray
 
+from aspc.platforms import NPU
+
 TRANSFER_GROUP = "weight_transfer"
 JOIN_WAIT_S = 600  # a refresh waits at most this long for the learner's side of its group
-VISIBLE_DEVICES = "ASCEND_RT_VISIBLE_DEVICES"
+VISIBLE_DEVICES = NPU.visible_devices  # the learner in an actor is megatron's rank 0 on an NPU
 
 
 def remote_learner_class(cls, instances: int):
