@@ -14,6 +14,16 @@ contract in pyproject.toml). Which role runs a stage is the stage-kind table's
 - `Judge` — a generation engine used as a scorer (an LLM judge): it writes a verdict per rollout.
 - `ToolRunner` — runs one tool call of an environment episode to its end (`Executors.tools()`);
   the driver calls it from one thread per runner, on the controller's RunTool.
+
+Optional capabilities a factory may have, each a Protocol of its own whose presence the driver reads
+from a declared attribute, never by probing undeclared names:
+- `LearnerInActor` (`Executors.learner_in_actor` True: the Ascend factory) — a learner that cannot be
+  pickled into a Ray actor, so the Ray driver has the learner's actor build it from the factory;
+- `InstanceMover` (`move_instance`, read with getattr and a None default) — runtime rebalancing
+  moves a generation instance's devices to or from the trainer;
+- `Pricing` — the simulator's executors (backends/sim/pricing.py): what a unit of work costs.
+
+tests/test_roles_complete.py checks that every attribute the drivers use on a factory is declared here.
 """
 from __future__ import annotations
 
@@ -88,6 +98,8 @@ class Executors(Protocol):
     user_errors: tuple[type[Exception], ...]
     checkpoint_error: type[Exception]
     set_threads: Callable[[int], int]
+    # True: the factory is a LearnerInActor (the Ray driver reads it with getattr, default False)
+    learner_in_actor: bool
 
     def prompt(self, index: int) -> Any: ...
 
@@ -123,6 +135,57 @@ class Executors(Protocol):
     def read_manifest(self, path: Path) -> dict: ...
 
     def step_folders(self, directory: Path) -> list: ...
+
+    # optional (the local driver reads it with getattr and a None default): the run is over, after a
+    # failure too: the factory ends what it started (tool runners' processes, scorers' processes)
+    def close(self) -> None: ...
+
+
+class LearnerInActor(Executors, Protocol):
+    """A factory whose learner is built where it runs (`learner_in_actor` True: megatron's rank 0,
+    with its process groups and weight sender, cannot be pickled into a Ray actor). The Ray driver
+    (aspc/drivers/ray/runtime.py) places the learner's actor on `learner_address()`, hands it the
+    factory, and has each engine's actor and the learner's join the instance's weight-transfer group."""
+
+    def engine_address(self, index: int, rank: int = 0) -> str: ...  # the node of an instance's devices
+
+    def learner_address(self) -> str: ...  # the node of trainer rank 0
+
+    def engines_in_actors(self) -> None: ...  # the driver's actors start colocated engines, not the trainer
+
+    def unstarted_engine(self, index: int, instances: int) -> GenerationEngine: ...  # before it joins its group
+
+    def transfer_info(self, index: int) -> dict: ...  # what the engine's side joins its group with
+
+    def join_trainer_side(self, index: int) -> None: ...  # in the learner's process: join instance's group
+
+
+class InstanceMover(Protocol):
+    """A factory that moves a generation instance's devices to or from the trainer (runtime
+    rebalancing); without it, a lent instance simply gets no work (aspc/drivers/local/runtime.py)."""
+
+    def move_instance(self, instance: int, role: str) -> None: ...
+
+
+class Pricing(Protocol):
+    """What the simulator asks of its executors (backends/sim/pricing.py; a test's fake). `cores`
+    (optional, read with getattr and a None default): the shared CPU cores of a calibrated run."""
+
+    cores: Any  # optional: aspc/costmodel/cores.py's shared cores; absent on the roofline
+
+    def generation_instance(self, stage: Any, instance: Any) -> Any: ...  # a GenInstance
+
+    def load(self, devices: int, interrupt: bool) -> float: ...
+
+    def work(self, work: Any, stage: Any, token_lengths: list[int]) -> Any: ...  # a WorkCost
+
+    def optimizer(self) -> float: ...
+
+    def publish(self, devices: int, time_shared: bool) -> float: ...
+
+    def switch(self, devices: int) -> float: ...
+
+    def move(self, devices: int) -> float: ...  # a generation instance joins or leaves the trainer
 
 
 ExecutorsFactory = Callable[[Any, "Path | None", int], Executors]  # (plan, .aspl folder, seed)

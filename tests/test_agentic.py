@@ -4,7 +4,8 @@ import copy
 
 import torch
 
-from aspc.backends.cpu.agentic import demonstration, final_answer, is_masked
+from aspc.backends.cpu.agentic import demonstration, is_masked
+from aspc.rl.host import final_answer
 from aspc.rl.data import Prompt
 from aspc.backends.cpu.learner import Learner
 from aspc.rl.rollout import Rollout, TrainSettings

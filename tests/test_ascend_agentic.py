@@ -249,7 +249,7 @@ def test_aspc_run_backend_ascend_runs_tool_calling_episodes_as_the_cpu_backend(a
         observed += bool(runs)
     assert observed and npu_calls  # observations were appended and tools were called
     [executors] = built
-    assert executors._tools is None and not any(e.held or e.busy for e in executors.engines.values())
+    assert executors.host._tools is None and not any(e.held or e.busy for e in executors.engines.values())
 
 
 def test_the_megatron_trainer_packs_tool_tokens_out_of_every_loss_term():

@@ -23,12 +23,13 @@ from aspc.backends.ascend.run_executors import AscendExecutors
 from aspc.backends.ascend.scorer_process import ScorerFailed, ScorerProcess
 from aspc.backends.cpu.executors import CpuExecutors
 from aspc.rl.hf_tokenizer import HfTokenizer
-from aspc.backends.cpu.judge import NO, YES, CpuJudge, JudgeCallFailed, judge_input, load_judge
+from aspc.backends.cpu.judge import CpuJudge, load_judge
+from aspc.rl.judge_verdict import NO, YES, JudgeCallFailed, judge_input
 from aspc.rl.judge_prompt import TokenizerPrompt
 from aspc.rl.rollout import Rollout
 from aspc.backends.cpu.model import TinyQwen
 from aspc.backends.cpu.reward_model import load_reward_model
-from aspc.backends.cpu.scoring import RewardScorer
+from aspc.rl.scoring import RewardScorer
 from aspc.rl.rollout import Shaping
 from aspc.rl.tokenizer import BOS, CHARS, EOS, encode
 from aspc.cli.toolchain import compile_with_passes

@@ -202,7 +202,7 @@ def test_aspc_run_trains_a_checkpoint_directory(checkpoint, aspc):
 
 
 def test_export_refuses_a_run_of_a_tiny_model(tmp_path, aspc):
-    from aspc.backends.cpu import checkpoint as ckpt
+    from aspc.rl import checkpoint as ckpt
     from aspc.backends.cpu.model import TinyQwen
     from aspc.ir.facts import ModelArch
 

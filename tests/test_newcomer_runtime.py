@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from aspc.accounting.trace import Span, phases, trace_events
-from aspc.backends.cpu import checkpoint
+from aspc.rl import checkpoint
 from aspc.backends.cpu.executors import CpuExecutors
 from aspc.cli.run import _Progress, verifier_of
 from aspc.drivers.local.retention import steps_to_prune

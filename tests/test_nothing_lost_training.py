@@ -17,7 +17,8 @@ from aspc.rl.losses import NonFiniteError
 from aspc.backends.cpu.model import TinyQwen
 from aspc.rl.rewards import (REWARD_TIMEOUT_S, TIMEOUT_ENV, RewardError, RewardExit, RewardTimeout,
                                        WeightedReward, call_with_timeout, load_callable, reward_timeout_s)
-from aspc.backends.cpu.scoring import RewardScorer, build_terms
+from aspc.backends.cpu.scoring import build_terms
+from aspc.rl.scoring import RewardScorer
 from aspc.rl.rollout import Shaping
 from aspc.rl.tokenizer import encode
 from aspc.controller.scoring import CallPolicy

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from aspc.backends.cpu.checkpoint import CheckpointError
+from aspc.rl.checkpoint import CheckpointError
 from aspc.backends.cpu.executors import CpuExecutors
 from aspc.rl.rollout import Rollout
 from aspc.backends.cpu.preferences import arith_pairs, wrong_answer

@@ -67,7 +67,7 @@ def test_a_constant_reward_of_identical_responses_or_changing_values_is_no_warni
 def test_the_agentic_pipelines_tool_is_found_from_a_relative_path(monkeypatch):
     """The README runs `aspc run pipelines/tiny_agentic.aspl`: the .aspl's folder is relative, and
     the sandbox looks the tool's module up from a scratch folder."""
-    from aspc.backends.cpu.agentic import Tools
+    from aspc.rl.host import Tools
     from aspc.rl.tool_calls import Call
     from aspc.cli.toolchain import compile_with_passes
 

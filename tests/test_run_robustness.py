@@ -259,7 +259,7 @@ def test_any_flipped_byte_in_a_checkpoint_is_caught_before_loading(tmp_path):
 
     import torch
 
-    from aspc.backends.cpu import checkpoint
+    from aspc.rl import checkpoint
 
     model = torch.nn.Linear(8, 4)
     optimizer = torch.optim.AdamW(model.parameters())

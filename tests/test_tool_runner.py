@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from aspc.backends.cpu.tool_runner import TRUNCATED, ToolError, ToolRunner, ToolSpec
+from aspc.rl.tool_runner import TRUNCATED, ToolError, ToolRunner, ToolSpec
 
 TOOLS = '''
 import os, time
@@ -391,17 +391,17 @@ def test_the_tiny_agentic_pipelines_calc_tool_still_works():
 
 FALLBACK_RUNNER = r'''
 import json, os, socket, sys, tempfile
-from aspc.backends.cpu import sandbox
-from aspc.backends.cpu.tool_runner import ToolRunner, ToolSpec
+from aspc.rl import sandbox
+from aspc.rl.tool_runner import ToolRunner, ToolSpec
 
 start_command = sandbox.start_command
 def without_namespaces(control_fd):
     """The sandbox server is a fresh interpreter: make unshare fail there, as on a machine without
     user namespaces (a container, a hardened kernel)."""
     argv = start_command(control_fd)
-    argv[2] = argv[2].replace("from aspc.backends.cpu.tool_runner import",
-                              "from aspc.backends.cpu import sandbox; sandbox._unshare = lambda flags: False; "
-                              "from aspc.backends.cpu.tool_runner import")
+    argv[2] = argv[2].replace("from aspc.rl.tool_runner import",
+                              "from aspc.rl import sandbox; sandbox._unshare = lambda flags: False; "
+                              "from aspc.rl.tool_runner import")
     return argv
 sandbox.start_command = without_namespaces
 

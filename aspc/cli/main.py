@@ -438,7 +438,7 @@ def export_command(checkpoint, output) -> None:
     newest intact step is taken, or one step-NNNNNN folder) as a Hugging Face checkpoint directory:
     config.json, model.safetensors and the tokenizer files of the hf("DIR") it started from, which
     transformers and vLLM load."""
-    from aspc.backends.cpu.checkpoint import CheckpointError
+    from aspc.rl.checkpoint import CheckpointError
     from aspc.backends.cpu.export import export_checkpoint
 
     try:

@@ -4,7 +4,7 @@ A tool's schema is {"type": "function", "function": {"name", "description", "par
   - parameters: the declared `parameters` JSON when given. Otherwise, for a python tool, derived
     from the function's signature (`signature_schema`); for a command tool, any object, saying that
     the command reads it as JSON text on its standard input: that is what the runner writes there
-    for a hermes call (backends/cpu/tool_runner.py).
+    for a hermes call (aspc/rl/tool_runner.py).
   - description: the declared one, else (python tools) the first paragraph of the docstring.
 
 The derivation follows how the ToolRunner calls a python tool for a hermes call: `function(**arguments)`.

@@ -168,6 +168,11 @@ class ExecutionPlan:
         assert stage.data is not None, f"stage '{stage.name}' reads no dataset"
         return self.dataset(stage.data)
 
+    def model_of(self, stage: StagePlan) -> ModelPlan:
+        """The model a stage runs: a generate, reference, critic or train stage always names one."""
+        assert stage.model is not None, f"stage '{stage.name}' runs no model"
+        return self.model(stage.model)
+
     def pool(self, name: str) -> PoolPlan:
         return next(p for p in self.pools if p.name == name)
 

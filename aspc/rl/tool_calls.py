@@ -55,3 +55,14 @@ def compact_observation(status: str, text: str) -> str:
 
 def hermes_observation(status: str, text: str) -> str:
     return f"<tool_response>{text}</tool_response>"
+
+
+@dataclass(frozen=True)
+class PendingCall:
+    """A turn that ended in a valid tool call (the driver reports it as ToolCalled)."""
+
+    key: tuple
+    call: Call
+    context: int  # tokens of the sequence so far
+    turns: int
+    generated: int  # model tokens written so far

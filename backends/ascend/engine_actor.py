@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from aspc.platforms import NPU
+
 @dataclass
 class Finished:
     """A finished sample, as the driver's generation worker reads it."""
@@ -52,7 +54,7 @@ class PublishedWeights:
 # (another rank of the same instance too) and the trainer's rank here keep their own. VLLM_DP_* is
 # read while LLM() builds its config here (vllm/config/parallel.py, the offline SPMD case), which
 # goes to the engine core with it. The rest (VLLM_*) stays: vLLM reads it in this process too.
-PLACEMENT_ENV = ("ASCEND_RT_VISIBLE_DEVICES", "HCCL_HOST_SOCKET_PORT_RANGE", "HCCL_NPU_SOCKET_PORT_RANGE",
+PLACEMENT_ENV = (NPU.visible_devices, "HCCL_HOST_SOCKET_PORT_RANGE", "HCCL_NPU_SOCKET_PORT_RANGE",
                  "VLLM_DP_RANK", "VLLM_DP_RANK_LOCAL", "VLLM_DP_SIZE", "VLLM_DP_MASTER_IP", "VLLM_DP_MASTER_PORT")
 
 

@@ -34,9 +34,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from aspc.backends.ascend.engine_actor import Finished, VllmEngine
-from aspc.backends.cpu.episodes import PendingCall
 from aspc.rl.tokenizer import SYMBOLS, CharTokenizer
-from aspc.rl.tool_calls import (COMPACT_CLOSE, HERMES_CLOSE, Call, compact_observation,
+from aspc.rl.tool_calls import (COMPACT_CLOSE, HERMES_CLOSE, Call, PendingCall, compact_observation,
                                           hermes_observation, parse_compact, parse_hermes)
 from aspc.controller import episodes as policy_terms
 from aspc.controller.episodes import Episode, EpisodePolicy

@@ -24,6 +24,7 @@ import sys
 
 from aspc.backends.ascend.megatron_model import materialize  # noqa: F401  (the launch plan's dtypes, for tests)
 from aspc.backends.ascend.reference_model import reference_checkpoint
+from aspc.platforms import NPU
 
 
 class AscendUnavailable(Exception):
@@ -45,9 +46,9 @@ def require_npu() -> None:
     import torch
 
     if not torch.npu.is_available():
-        visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES", "<unset>")
+        visible = os.environ.get(NPU.visible_devices, "<unset>")
         raise AscendUnavailable(f"torch-npu is installed but no NPU is visible "
-                                f"(ASCEND_RT_VISIBLE_DEVICES={visible}). Meanwhile: {ALTERNATIVES}")
+                                f"({NPU.visible_devices}={visible}). Meanwhile: {ALTERNATIVES}")
 
 
 def hccl_sender(groups: dict):

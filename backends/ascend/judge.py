@@ -1,5 +1,6 @@
-"""An LLM judge on NPUs (RLAIF): the CPU judge (backends/cpu/judge.py, `CpuJudge`) with its model
-served by a vllm-ascend engine with the launch plan's judge arguments. The CPU judge builds every
+"""An LLM judge on NPUs (RLAIF): the engine-free judge of aspc/rl/judge_verdict.py (`VerdictJudge`, which
+the CPU judge is too) with its model served by a vllm-ascend engine with the launch plan's judge
+arguments. The verdict judge builds every
 prompt (a custom judge: `judge_input`, BOS + rubric + prompt + response + "#" in the character
 vocabulary; a checkpoint judge: its chat template in its own tokenizer, judge_prompt.py) and reads
 the verdict (read = "probability": P("1") / (P("1") + P("0")); read = "verdict": the greedy token
@@ -26,7 +27,7 @@ from types import SimpleNamespace
 
 import torch
 
-from aspc.backends.cpu.judge import NO, YES, CpuJudge, JudgeCallFailed
+from aspc.rl.judge_verdict import NO, YES, JudgeCallFailed, VerdictJudge
 
 
 def judge_api():
@@ -107,8 +108,9 @@ class VerdictModel:
         return at_verdict
 
 
-class NpuJudge(CpuJudge):
-    """The CPU judge (its prompts, its reading of the verdict) with the logits from the engine."""
+class NpuJudge(VerdictJudge):
+    """The judge's prompts and reading of the verdict (aspc/rl/judge_verdict.py, as the CPU judge's)
+    with the logits from the engine."""
 
     def verdict_logits(self, inputs: list[list[int]]) -> torch.Tensor:
         return self.model.at_verdict(inputs)
@@ -131,7 +133,7 @@ def judge_prompt(spec: dict):
     return TokenizerPrompt(HfTokenizer(Path(spec["tokenizer"])), policy, spec["rubric"], spec["max_seq"])
 
 
-def build(spec: dict, api=None) -> CpuJudge:
+def build(spec: dict, api=None) -> NpuJudge:
     """In the judge's own process (scorer_process.py), on its NPUs: the CPU judge over the engine."""
     if api is None:
         from aspc.backends.ascend.executors import require_npu

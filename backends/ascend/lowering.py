@@ -23,6 +23,7 @@ from aspc.controller.kinds import rule_for
 from aspc.ir.facts import DTYPE_BYTES, ModelArch
 from aspc.ir.kinds import kinds_where
 from aspc.plan.execution_plan import ExecutionPlan, StagePlan, WeightSyncPlan
+from aspc.platforms import NPU
 
 LAUNCH_VERSION = 2
 # The kinds megatron-core runs (the kind table's Ascend rules: aspc/ir/kinds.py). Reference and critic
@@ -181,7 +182,7 @@ def _engine_processes(plan: ExecutionPlan, stage: StagePlan, offset: int, port: 
         nodes = [_one_node(devs, stage.name) for devs in ranks]
         master = node_address(nodes[0], addresses)
         for dp, devs in enumerate(ranks):
-            env = {**HCCL_ENV, **refresh_env, "ASCEND_RT_VISIBLE_DEVICES": visible_devices(devs),
+            env = {**HCCL_ENV, **refresh_env, NPU.visible_devices: visible_devices(devs),
                    **vllm.data_parallel_env(is_moe, par.dp, dp, nodes[:dp].count(nodes[dp]), master,
                                             port + 16 * inst.index)}
             command = ("python", "-m", "aspc.backends.ascend.executors", "generate", "--plan", "launch.json",
@@ -231,8 +232,8 @@ def _source_models(stage: StagePlan, func: str) -> list[str]:
 
 
 def _tool_runner_launch(stage: StagePlan, base_dir: Path | None) -> StageLaunch:
-    """An environment's tools run on the hosts' CPUs, not on NPUs: the CPU backend's ToolRunner
-    (backends/cpu/tool_runner.py: a fork server, one confined child per call), `tool_workers` at
+    """An environment's tools run on the hosts' CPUs, not on NPUs: the host's ToolRunner
+    (aspc/rl/tool_runner.py: a fork server, one confined child per call), `tool_workers` at
     once; the episodes themselves run inside the vllm-ascend engines' continuous batches.
     `tools_schema` is the OpenAI-style function list that the chat template takes as `tools=` for
     format = hermes (aspc/frontend/tool_schemas.py); None for compact, which has no template."""
@@ -285,7 +286,7 @@ def _megatron_processes(stage: StagePlan, offset: int, port: int,
         master = node_address(devs[0].node, addresses)
         prefix = stage.name if len(stage.instances) == 1 else f"{stage.name}.{inst.index}"
         for rank, d in enumerate(devs):
-            env = {**HCCL_ENV, **ALLOC_ENV, "ASCEND_RT_VISIBLE_DEVICES": str(d.local), "RANK": str(rank),
+            env = {**HCCL_ENV, **ALLOC_ENV, NPU.visible_devices: str(d.local), "RANK": str(rank),
                    "WORLD_SIZE": str(world), "LOCAL_RANK": "0", "MASTER_ADDR": master,
                    "MASTER_PORT": str(port + 100 * inst.index)}
             command = ("python", "-m", "aspc.backends.ascend.executors", stage.kind, "--plan", "launch.json",

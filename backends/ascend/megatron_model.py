@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from aspc.backends.ascend.reshard import Layout
+from aspc.platforms import NPU
 
 DTYPE_FIELDS = ("params_dtype", "pipeline_dtype")
 
@@ -56,7 +57,7 @@ def build_gpt(stage: dict, rank_args: dict, use_cpu_initialization: bool = False
     return GPTModel(config, transformer_layer_spec=layers, **stage["model_args"], **rank_args)
 
 
-def initialize_parallel(config: dict, backend: str = "hccl") -> None:
+def initialize_parallel(config: dict, backend: str = NPU.collective) -> None:
     import torch.distributed as dist
     from megatron.core import parallel_state
 

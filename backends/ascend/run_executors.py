@@ -18,7 +18,8 @@ and its controller are the same as every backend's; this factory hands them
   parameters, gradients and optimizer state to host memory, and each engine wakes its weights, takes
   the new version, then wakes its KV cache (the launch plan's colocated `weight_refresh`); to
   training, the engines sleep and the trainer onloads;
-- prompts, rule and python rewards and rollouts: the CPU backend's host side;
+- prompts, rule and python rewards, the trainer's settings, rollouts and tool runners: the run's
+  host side (aspc/rl/host.py, `RunHost`), held here as the CPU factory holds its own;
 - agentic episodes (an environment stage): each instance an `EpisodeEngine` (episodes.py: a turn
   per vLLM request, stopped at the format's call token); the tools run on the host, as in the CPU run.
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+from typing import Any
 
 from aspc.backends.ascend.critic import PolicyWithCritic, critic_refusals
 from aspc.backends.ascend.engine_actor import VllmEngine
@@ -40,15 +42,17 @@ from aspc.backends.ascend.lowering import lower
 from aspc.backends.ascend.process_env import node_address, node_addresses_from_env
 from aspc.backends.ascend.scorers import close_scorers, scorer_refusals, stage_scorer
 from aspc.backends.ascend.topology import NPUS_PER_NODE, device, pool_offsets
-from aspc.rl.data import PromptSource
-from aspc.backends.cpu.executors import LEARNED, CpuExecutors, checkpoint_dir
-from aspc.rl.hf_tokenizer import HfTokenizer
-from aspc.rl.rewards import build_reward
-from aspc.rl.rollout import Shaping, TaskReward
-from aspc.rl.tokenizer import CHARS
-from aspc.controller.episodes import EpisodePolicy
+from aspc.controller.episodes import MASKED, EpisodePolicy
+from aspc.rl import checkpoint
+from aspc.rl.checkpoint import CheckpointError
+from aspc.rl.data import DataError
+from aspc.rl.host import RunHost
+from aspc.rl.rewards import RewardError
+from aspc.rl.rollout import TrainSettings
+from aspc.rl.threads import use_threads
 from aspc.ir.facts import DTYPE_BYTES, GIB, hardware_table
 from aspc.plan.execution_plan import ExecutionPlan, StageRefusal
+from aspc.platforms import NPU
 
 # several colocated engines start in this process: each engine core in a process of its own, which
 # takes the engine's NPUs (vllm/envs.py; 1 is vLLM's default, set so that no inherited 0 moves them here)
@@ -56,20 +60,22 @@ COLOCATED_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
 TRANSFER_PORT = 28000  # + the instance: the rendezvous of one instance's weight-transfer group
 
 
-class AscendExecutors(CpuExecutors):
+class AscendExecutors:
     """One run's executors on NPUs. Raises ValueError (reported as one message) for a launch plan
     with a placeholder checkpoint."""
 
     platform = "ascend"
+    user_errors = (DataError, RewardError, CheckpointError, ValueError)
+    checkpoint_error = CheckpointError
+    set_threads = staticmethod(use_threads)  # the host's threads (a plain function: Ray actors call it)
     # megatron's rank 0 (process groups, NPU tensors, the weight sender) cannot be pickled into a Ray
     # actor: the Ray runtime's learner actor builds it from this factory, publishes version 0 there
     # and joins each engine's transfer group (aspc/drivers/ray/runtime.py, "learner_in_actor")
     learner_in_actor = True
 
-    def __init__(self, plan: ExecutionPlan, base_dir, seed: int = 0):  # not super().__init__: it builds CPU models
+    def __init__(self, plan: ExecutionPlan, base_dir, seed: int = 0):
         self.plan, self.base_dir, self.seed = plan, base_dir, seed
         self.gen_stage, self.train_stage = plan.stages_of("generate")[0], plan.stages_of("train")[0]
-        self.data = plan.dataset(self.gen_stage.data)
         refused = self.unsupported(plan, runtime=None)  # what no runtime runs (the CLI checks the one it runs)
         if refused:
             raise ValueError(refused[0].message)
@@ -77,21 +83,21 @@ class AscendExecutors(CpuExecutors):
         self.check_launch()
         stages = {s.stage: dataclasses.asdict(s) for s in self.launch.stages}
         self.gen_launch, self.train_launch = stages[self.gen_stage.name], stages[self.train_stage.name]
-        actor = plan.model(self.train_stage.model)
-        self.tokenizer = HfTokenizer(checkpoint_dir(actor, base_dir)) if actor.preset == "hf" else CHARS
-        self.prompts = PromptSource(self.data.source, self.data.location, self.data.seed, self.data.max_response,
-                                    base_dir, self.tokenizer)
-        sources = dict(plan.stages_of("reward")[0].options)["sources"]
-        learned = any(s.func in LEARNED for s in sources)  # scored on their own executors (scorers.py)
-        self.reward_fn, self.verifier = build_reward([] if learned else sources, base_dir), None
-        self.actor = self.learner = self._tools = None
-        environments = plan.stages_of("environment")  # agentic episodes: EpisodeEngines, the host's tool runners
-        self.env_stage = environments[0] if environments else None
+        # prompts, the rule and python rewards (model(...) and judge(...) sources are scored on their
+        # own executors: scorers.py), rollouts, the tool runners of agentic episodes
+        self.host = RunHost(plan, base_dir, MASKED)
+        self.data = self.host.data
+        self.tokenizer, self.prompts, self.reward_fn = self.host.tokenizer, self.host.prompts, self.host.reward_fn
+        self.env_stage = self.host.env_stage  # agentic episodes: EpisodeEngines, the host's tool runners
+        self.actor = None
+        self.learner: Any = None  # the trainer (a Leader, or a PolicyWithCritic around one), built once
         self.episodes = self.episode_settings() if self.env_stage is not None else None  # a bad format fails here
-        self.scorers, self.engines, self.groups = {}, {}, {}
+        self.scorers: dict[tuple[str, int], Any] = {}  # (stage, instance) -> its scorer process
+        self.engines: dict[int, VllmEngine | EngineGroup] = {}
+        self.groups: dict[int, Any] = {}  # instance -> its weight-transfer group
         self.colocated = self.gen_stage.placement == "time_shared"
         self.initial = None  # version 0 as published (snapshot), for the engines' first refresh
-        self.holder = None  # who has a time-shared pool's NPUs: "learn" | "gen"
+        self.holder: str | None = None  # who has a time-shared pool's NPUs: "learn" | "gen"
         self.engines_elsewhere = False  # the Ray runtime's actors start the colocated engines
 
     @staticmethod
@@ -112,6 +118,28 @@ class AscendExecutors(CpuExecutors):
                 found += trainer_refusals(stage)
         return found
 
+    # ---- the host side (aspc/rl/host.py) ----
+    def prompt(self, index: int):
+        return self.host.prompt(index)
+
+    def rollout(self, sample, finished, prompt):
+        return self.host.rollout(sample, finished, prompt)
+
+    def tools(self):
+        """The environment's tool runners, on the host, shared by every generation instance."""
+        return self.host.tools()
+
+    def _settings(self) -> TrainSettings:
+        return self.host.settings()
+
+    def save_checkpoint(self, directory, version: int, models: dict, optimizers: dict, extra: dict):
+        return self.host.save_checkpoint(directory, version, models, optimizers, extra)
+
+    load_checkpoint = staticmethod(checkpoint.load)
+    find_resume_point = staticmethod(checkpoint.find_resume_point)
+    read_manifest = staticmethod(checkpoint.read_manifest)
+    step_folders = staticmethod(checkpoint.step_folders)
+
     def check_launch(self) -> None:
         """vLLM and megatron load the models from checkpoint directories (none may be a placeholder);
         the rendezvous addresses must be real ones (ASPC_NODES)."""
@@ -129,7 +157,7 @@ class AscendExecutors(CpuExecutors):
             raise ValueError("a warm start trains the CPU backend's tiny models; on NPUs the policy starts from "
                              "its checkpoint: run with --warmstart 0")
 
-    def generation_engine(self, index: int, instances: int) -> VllmEngine:
+    def generation_engine(self, index: int, instances: int) -> VllmEngine | EngineGroup:
         """Instance `index`, started here: it joins the trainer's weight-transfer group (the trainer
         joins as rank 0) and loads the published version 0, since vLLM starts with dummy weights
         (the controller syncs only the versions it trains)."""
@@ -141,7 +169,7 @@ class AscendExecutors(CpuExecutors):
             engine.load_weights(self.initial)
         return engine
 
-    def _colocated_engine(self, index: int, instances: int) -> VllmEngine:
+    def _colocated_engine(self, index: int, instances: int) -> VllmEngine | EngineGroup:
         """Instance `index` on the trainer's NPUs, started and asleep since the trainer was built
         (`_start_engines_asleep`). The pool goes to generation first (the controller's first mode),
         so the trainer offloads; the engine then wakes through its refresh to version 0 (NPU IPC:
@@ -161,6 +189,7 @@ class AscendExecutors(CpuExecutors):
         runtime hands the instance's actor (which joins with `transfer_info`). With dp > 1 the
         instance is its dp engine ranks, each with its rank's environment (engine_group.py)."""
         dp = self.gen_stage.parallel.dp
+        engine: VllmEngine | EngineGroup
         if dp > 1:
             ranks = [self._rank_engine(index, instances, rank) for rank in range(dp)]
             engine = EngineGroup(ranks, index, "VLLM_DP_SIZE" in ranks[0].env,
@@ -174,11 +203,13 @@ class AscendExecutors(CpuExecutors):
         api, env = self.engine_api(index, instances), self.engine_env(index, rank)
         if self.env_stage is None:
             return VllmEngine(self.gen_launch, index, api, env)
+        assert self.episodes is not None, "an environment stage has its episode settings (built with the factory)"
         return EpisodeEngine(self.gen_launch, index, api, env, settings=self.episodes)
 
     def episode_settings(self) -> EpisodeSettings:
         """The environment's episodes on an engine: the shared policy, the call format in the
         policy's tokenizer (its stop token), the cap on a tool result's tokens."""
+        assert self.env_stage is not None, "episode settings are built for an environment stage only"
         options = dict(self.env_stage.options)
         return EpisodeSettings(EpisodePolicy.of(self.env_stage), tool_format(options, self.tokenizer),
                                options["max_tool_tokens"], self.tokenizer.eos_ids)
@@ -214,7 +245,7 @@ class AscendExecutors(CpuExecutors):
         env = dict(process.env if process else {})
         if self.colocated:
             return env | IPC_ENV | COLOCATED_ENV
-        env.pop("ASCEND_RT_VISIBLE_DEVICES", None)
+        env.pop(NPU.visible_devices, None)
         return env
 
     def trainer(self):
@@ -248,8 +279,9 @@ class AscendExecutors(CpuExecutors):
                          "metrics only")
 
     def forward_model(self, stage: str, instance: int):
-        """Instance `instance` of reward stage `stage` with a model(...) source: the CPU backend's
-        RewardScorer whose reward-model term is a megatron forward model in its own process (scorers.py)."""
+        """Instance `instance` of reward stage `stage` with a model(...) source: the engine-free
+        RewardScorer (aspc/rl/scoring.py) whose reward-model term is a megatron forward model in its
+        own process (scorers.py)."""
         key = (stage, instance)
         if key not in self.scorers:
             self.scorers[key] = stage_scorer(self, stage, instance)
@@ -257,14 +289,14 @@ class AscendExecutors(CpuExecutors):
 
     def judge(self, stage: str, instance: int):
         """Instance `instance` of reward stage `stage` with a judge(...) source: the same scorer, its
-        judge term the CPU judge over a vllm-ascend engine in its own process (scorers.py)."""
+        judge term the verdict judge over a vllm-ascend engine in its own process (scorers.py)."""
         return self.forward_model(stage, instance)
 
     def close(self) -> None:
         """The run is over (the driver's stop, after a failure too): the scorers' processes end, then
         the host side's (tool runners)."""
         close_scorers(self.scorers)
-        super().close()
+        self.host.close()
 
     def switch_pool(self, pool: str, mode: str) -> None:
         """The controller hands the time-shared pool over (it switches only when the side that
@@ -298,7 +330,7 @@ class AscendExecutors(CpuExecutors):
         """vLLM's offline API, imported by the engine when it starts (None: engine_actor.vllm_api)."""
         return None
 
-    def transfer_group(self, engine: VllmEngine, index: int) -> None:
+    def transfer_group(self, engine: VllmEngine | EngineGroup, index: int) -> None:
         """Instance `index`'s weight-transfer group (vllm-ascend's HCCL engine): the engine's workers
         join from its side while trainer rank 0 joins as rank 0, both blocking until all are in."""
         trainer_side = threading.Thread(target=self.join_trainer_side, args=(index,), daemon=True)
@@ -346,7 +378,7 @@ class AscendExecutors(CpuExecutors):
         sync = SyncSetup(arch, parallel, comm, self._sender(), colocated=self.colocated, layout=layout)
         stages = [dataclasses.asdict(s) for s in self.launch.stages]
         reference = frozen_reference(stage, rank0.model_args, reference_checkpoint(stages, stage))
-        task_reward = TaskReward(self.reward_fn, self.tokenizer.decode, Shaping(settings.overlong, settings.max_tokens))
+        task_reward = self.host.task_reward(settings)
         return Leader(MegatronTrainer(stage, rank0.model_args, settings, task_reward, sync, reference))
 
     def build_critic(self):

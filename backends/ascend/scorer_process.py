@@ -135,7 +135,7 @@ class ScorerProcess:
 def remote_error(kind: str, message: str) -> Exception:
     """The child's error as the CPU path raises it: a judge's unparsable verdict stays JudgeCallFailed
     (the driver's failure policy reports it by name); anything else is ScorerFailed, named."""
-    from aspc.backends.cpu.judge import JudgeCallFailed
+    from aspc.rl.judge_verdict import JudgeCallFailed
 
     return JudgeCallFailed(message) if kind == "JudgeCallFailed" else ScorerFailed(f"{kind}: {message}")
 

@@ -1,5 +1,5 @@
 """Reward stages with model(...) or judge(...) sources on NPUs: the ForwardModel and Judge roles of
-AscendExecutors. A stage instance is the CPU backend's `RewardScorer` (backends/cpu/scoring.py: the
+AscendExecutors. A stage instance is the engine-free `RewardScorer` (aspc/rl/scoring.py, as on the CPU: the
 exact weighted sum of the stage's sources, the learner's overlong shaping), so the controller, the
 driver and the combination of sources are the CPU run's; only the learned term differs:
 
@@ -17,8 +17,9 @@ import dataclasses
 
 from aspc.backends.ascend.process_env import node_addresses_from_env
 from aspc.backends.ascend.scorer_process import ScorerFailed, ScorerProcess
-from aspc.backends.cpu.executors import checkpoint_dir
-from aspc.backends.cpu.scoring import RewardScorer, build_terms
+from aspc.rl.host import checkpoint_dir
+from aspc.rl.rewards import RewardError
+from aspc.rl.scoring import RewardScorer, function_term
 from aspc.rl.rollout import Shaping
 from aspc.plan.execution_plan import ExecutionPlan, StageRefusal
 
@@ -34,8 +35,10 @@ def stage_scorer(executors, stage: str, instance: int) -> RewardScorer:
     for source in dict(executors.plan.stage(stage).options)["sources"]:
         if source.func in LEARNED:
             terms.append((start_term(scorer_spec(executors, stage, instance, source)), source.get("weight")))
-        else:
-            terms += build_terms([source], {}, executors.base_dir)
+        elif source.func in ("rule", "python"):
+            terms.append((function_term(source, executors.base_dir), source.get("weight")))
+        else:  # the message the CPU backend's build_terms gave, when this path shared it
+            raise RewardError(f"the CPU backend does not execute {source.func}(...) sources yet")
     return RewardScorer(terms, Shaping(settings.overlong, settings.max_tokens))
 
 

@@ -18,7 +18,7 @@ import torch
 from aspc.backends.cpu.generator import BatchGenerator, Finished, Sequence
 from aspc.backends.cpu.model import cache_mask
 from aspc.rl.tokenizer import EOS, SYMBOLS, decode, encode
-from aspc.rl.tool_calls import COMPACT_CLOSE, Call, compact_observation, parse_compact
+from aspc.rl.tool_calls import COMPACT_CLOSE, PendingCall, compact_observation, parse_compact
 from aspc.controller import episodes as policy_terms
 from aspc.controller.episodes import Episode, EpisodePolicy
 
@@ -30,17 +30,6 @@ class Environment:
     policy: EpisodePolicy
     tool: str  # the compact format's one tool
     max_tool_tokens: int
-
-
-@dataclass(frozen=True)
-class PendingCall:
-    """A turn that ended in a valid tool call (the driver reports it as ToolCalled)."""
-
-    key: tuple
-    call: Call
-    context: int  # tokens of the sequence so far
-    turns: int
-    generated: int  # model tokens written so far
 
 
 class EpisodeGenerator(BatchGenerator):

@@ -7,30 +7,28 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from aspc.backends.cpu import agentic, checkpoint
-from aspc.backends.cpu.checkpoint import CheckpointError
-from aspc.rl.data import DataError, Prompt, PromptSource
+from aspc.algorithms.slots import default_slots
+from aspc.backends.cpu import agentic
 from aspc.backends.cpu.generator import BatchGenerator, PolicyWeights
-from aspc.rl.hf_tokenizer import HfTokenizer
 from aspc.backends.cpu.hf_weights import load_hf_model
-from aspc.backends.cpu.learner import Learner
-from aspc.rl.rollout import Rollout, TrainSettings
-from aspc.rl.losses import LOSS_DEFAULTS
-from aspc.backends.cpu.model import TinyQwen
 from aspc.backends.cpu.judge import TRAIN_HINT as JUDGE_HINT
 from aspc.backends.cpu.judge import load_judge
+from aspc.backends.cpu.learner import Learner
+from aspc.backends.cpu.model import TinyQwen
 from aspc.backends.cpu.reward_model import TRAIN_HINT, checkpoint_path, load_reward_model
-from aspc.backends.cpu.scoring import JudgeScorer, RewardScorer, build_terms
-from aspc.rl.rollout import Shaping
-from aspc.rl.tokenizer import CHARS, encode
-from aspc.rl.rewards import RULES, RewardError, build_reward, exact_match
-from aspc.algorithms.slots import default_slots
-from aspc.backends.cpu.threads import use_threads
+from aspc.backends.cpu.scoring import build_terms
 from aspc.backends.cpu.warmstart import warm_start
+from aspc.controller.episodes import MASKED
 from aspc.plan.execution_plan import ExecutionPlan, ModelPlan, StageRefusal
-
-
-LEARNED = ("model", "judge")  # reward sources scored by a model of their own, on the stage's executor
+from aspc.rl import checkpoint
+from aspc.rl.checkpoint import CheckpointError
+from aspc.rl.data import DataError, Prompt
+from aspc.rl.host import LEARNED, RunHost, Tools, checkpoint_dir
+from aspc.rl.rewards import RewardError
+from aspc.rl.rollout import Rollout, TrainSettings
+from aspc.rl.scoring import JudgeScorer, RewardScorer
+from aspc.rl.threads import use_threads
+from aspc.rl.tokenizer import encode
 
 
 class CpuExecutors:
@@ -41,34 +39,26 @@ class CpuExecutors:
     user_errors = (DataError, RewardError, CheckpointError, ValueError)
     checkpoint_error = CheckpointError
     set_threads = staticmethod(use_threads)  # a plain function: Ray actors call it after unpickling
+    learner_in_actor = False  # the learner pickles into a Ray actor (aspc/roles.py: LearnerInActor)
 
     def __init__(self, plan: ExecutionPlan, base_dir: Path | None, seed: int = 0):
         self.plan, self.base_dir, self.seed = plan, base_dir, seed
-        self.gen_stage, self.train_stage = plan.stages_of("generate")[0], plan.stages_of("train")[0]
-        self.data = plan.dataset(self.gen_stage.data)
         refused = unsupported_stages(plan)
         if refused:
             raise ValueError(refused[0].message)
-        actor = plan.model(self.train_stage.model)
-        self.tokenizer = HfTokenizer(checkpoint_dir(actor, base_dir)) if actor.preset == "hf" else CHARS
-        self.prompts = PromptSource(self.data.source, self.data.location, self.data.seed,
-                                    self.data.max_response, base_dir, self.tokenizer)
-        self.actor = build_model(actor, base_dir, seed)
-        sources = dict(plan.stages_of("reward")[0].options)["sources"]
-        self.reward_models = self._load_reward_models()  # fails early: a missing checkpoint, a bad file
+        self.host = RunHost(plan, base_dir, MASKED)  # prompts, rewards, settings, rollouts, tools
+        self.gen_stage, self.train_stage, self.data = self.host.gen_stage, self.host.train_stage, self.host.data
+        self.tokenizer, self.prompts, self.env_stage = self.host.tokenizer, self.host.prompts, self.host.env_stage
         # A rule or python reward runs in the learner; a stage with model(...) or judge(...) sources
         # runs on its own executor (forward_model, judge), and accuracy is measured by the task's
-        # verifier, never by the learned reward or the judge.
-        learned = any(source.func in LEARNED for source in sources)
-        self.reward_fn = build_reward([] if learned else sources, base_dir)
-        rules = [RULES[s.get("name")] for s in sources if s.func == "rule"]
-        self.verifier = (rules[0] if rules else exact_match) if learned else None
+        # verifier, never by the learned reward or the judge (aspc/rl/host.py).
+        self.reward_fn, self.verifier = self.host.reward_fn, self.host.verifier
+        self.actor = build_model(plan.model_of(self.train_stage), base_dir, seed)
+        self.reward_models = self._load_reward_models()  # fails early: a missing checkpoint, a bad file
         self.scorers: dict[tuple[str, int], RewardScorer] = {}
         self.judges: dict[tuple[str, int], JudgeScorer] = {}
-        self.learner = None
-        environments = plan.stages_of("environment")
-        self.env_stage = environments[0] if environments else None
-        self._tools = None  # built when an instance first needs them (they start processes)
+        self.learner: Learner | None = None
+        self.environment = agentic.environment(self.env_stage) if self.env_stage is not None else None
 
     @staticmethod
     def unsupported(plan: ExecutionPlan) -> list[StageRefusal]:
@@ -76,7 +66,7 @@ class CpuExecutors:
 
     # ---- the policy ----
     def prompt(self, index: int) -> Prompt:
-        return self.prompts(index)
+        return self.host.prompt(index)
 
     def warm_start(self, steps: int, on_step=None) -> None:
         demo = agentic.demonstration if self.env_stage is not None else None
@@ -92,9 +82,9 @@ class CpuExecutors:
         options = dict(self.gen_stage.options)
         slots = default_slots(self.data.samples_per_step, instances, self.data.group, options.get("max_num_seqs"),
                               self.gen_stage.parallel.dp)
-        if self.env_stage is not None:
+        if self.environment is not None:
             return agentic.episode_generator(copy.deepcopy(self.actor).eval(), slots, options,
-                                             self.gen_stage.batching != "continuous", self.tools())
+                                             self.gen_stage.batching != "continuous", self.environment)
         return BatchGenerator(copy.deepcopy(self.actor).eval(), slots, options["max_tokens"],
                               options["temperature"], options["top_p"],
                               static=self.gen_stage.batching != "continuous", eos_ids=self.tokenizer.eos_ids)
@@ -114,9 +104,7 @@ class CpuExecutors:
         if key not in self.scorers:
             sources = dict(self.plan.stage(stage).options)["sources"]
             models = {name: copy.deepcopy(model) for name, model in self.reward_models.items()}
-            settings = self._settings()
-            shaping = Shaping(settings.overlong, settings.max_tokens)
-            self.scorers[key] = RewardScorer(build_terms(sources, models, self.base_dir), shaping)
+            self.scorers[key] = RewardScorer(build_terms(sources, models, self.base_dir), self.host.shaping())
         return self.scorers[key]
 
     def judge(self, stage: str, instance: int) -> JudgeScorer:
@@ -131,31 +119,21 @@ class CpuExecutors:
         """A time-shared pool changes hands: CPU threads share memory, so nothing moves."""
 
     def rollout(self, sample, finished, prompt: Prompt) -> Rollout:
-        rollout = Rollout(finished.prompt, finished.response, finished.logprobs, prompt.text, prompt.answer,
-                          prompt.metadata, key=sample, policy_version=finished.version)
-        if finished.episode is not None:
-            rollout.loss_mask, rollout.episode = finished.mask, finished.episode
-            rollout.text = agentic.final_answer(finished.response, finished.mask)
-            rollout.masked = agentic.is_masked(finished.episode)
-        return rollout
+        return self.host.rollout(sample, finished, prompt)
 
-    def tools(self) -> agentic.Tools:
+    def tools(self) -> Tools:
         """The environment's tool runners, shared by every generation instance of the run."""
-        if self._tools is None:
-            self._tools = agentic.Tools(self.env_stage, self.base_dir)
-        return self._tools
+        return self.host.tools()
 
     def evaluate_episodes(self, count: int = 128) -> dict:
         """Greedy held-out episodes with tools: accuracy, and how many call a tool, and rightly."""
-        measure = self.reward_fn if self.verifier is None else self.verifier
-        return agentic.evaluate_episodes(self.actor, self.prompts, self.tools(), measure, count,
-                                         dict(self.gen_stage.options)["max_tokens"])
+        assert self.environment is not None, "held-out episodes are measured for an environment stage only"
+        return agentic.evaluate_episodes(self.actor, self.prompts, self.tools(), self.environment, self.host.measure(),
+                                         count, dict(self.gen_stage.options)["max_tokens"])
 
     def close(self) -> None:
         """The run is over: stop the tool runners' processes."""
-        if self._tools is not None:
-            self._tools.close()
-            self._tools = None
+        self.host.close()
 
     def accuracy(self, count: int = 128) -> float:
         """Greedy reward of the current policy on held-out prompts: of the stage's rule and python
@@ -164,7 +142,7 @@ class CpuExecutors:
         of the learned reward, the judge or a python source."""
         from aspc.backends.cpu.evaluate import greedy_accuracy
 
-        measure = self.reward_fn if self.verifier is None else self.verifier
+        measure = self.host.measure()
         if self.env_stage is not None:  # episodes with tools, the final answers measured
             return self.evaluate_episodes(count)["accuracy"]
         return greedy_accuracy(self.actor, self.prompts, measure, count, dict(self.gen_stage.options)["max_tokens"],
@@ -177,13 +155,7 @@ class CpuExecutors:
                 {"actor": learner.optimizer, "critic": learner.critic_optimizer})
 
     def save_checkpoint(self, directory: Path, version: int, models: dict, optimizers: dict, extra: dict) -> Path:
-        """checkpoint.save, with what `aspc export` needs to write an hf(...) actor back as a
-        checkpoint directory: the source directory and the dtype."""
-        actor = self.plan.model(self.train_stage.model)
-        if actor.preset != "hf":
-            return checkpoint.save(directory, version, models, optimizers, extra)
-        source = {"source": str(checkpoint_dir(actor, self.base_dir).resolve()), "dtype": actor.dtype}
-        return checkpoint.save(directory, version, models, optimizers, {**extra, "hf": {"actor": source}})
+        return self.host.save_checkpoint(directory, version, models, optimizers, extra)
 
     load_checkpoint = staticmethod(checkpoint.load)
     find_resume_point = staticmethod(checkpoint.find_resume_point)
@@ -208,7 +180,7 @@ class CpuExecutors:
         stages = self.plan.stages_of("reference")
         if not stages:
             return None
-        model = self.plan.model(stages[0].model)
+        model = self.plan.model_of(stages[0])
         if model.frozen_of == self.train_stage.model:
             return copy.deepcopy(self.actor).eval()
         return build_model(model, self.base_dir, self.seed + 1).eval()
@@ -217,27 +189,10 @@ class CpuExecutors:
         stages = self.plan.stages_of("critic")
         if not stages:
             return None
-        return build_model(self.plan.model(stages[0].model), self.base_dir, self.seed + 2, value_head=True)
+        return build_model(self.plan.model_of(stages[0]), self.base_dir, self.seed + 2, value_head=True)
 
     def _settings(self) -> TrainSettings:
-        t = LOSS_DEFAULTS | dict(self.train_stage.options)  # the IR leaves these out at their defaults
-        adv = dict(self.plan.stages_of("advantage")[0].options)
-        critic = self.plan.stages_of("critic")
-        generate = dict(self.gen_stage.options)
-        return TrainSettings(
-            loss=t["loss"], lr=t["lr"], kl=t["kl"], clip=t["clip"], clip_high=t["clip_high"],
-            value_coef=t["value_coef"], entropy_coef=t["entropy_coef"], micro_tokens=t["micro_tokens"],
-            weight_decay=t["weight_decay"], grad_clip=t["grad_clip"], overlong=t["overlong"],
-            max_tokens=dict(self.gen_stage.options)["max_tokens"], estimator=adv["estimator"],
-            gamma=adv["gamma"], lam=adv["lam"], normalize=adv["normalize"], group=self.data.group,
-            critic_lr=dict(critic[0].options)["lr"] if critic else 1e-5, loss_agg=t["loss_agg"],
-            off_policy=t["off_policy"], is_cap=t["is_cap"],
-            value_clip=t["value_clip"], temperature=generate["temperature"])
-
-
-def checkpoint_dir(model: ModelPlan, base_dir: Path | None) -> Path:
-    """An hf(...) model's directory: as written, relative to the .aspl file."""
-    return base_dir / model.checkpoint if base_dir is not None else Path(model.checkpoint)
+        return self.host.settings()
 
 
 def build_model(model: ModelPlan, base_dir: Path | None, seed: int, value_head: bool = False) -> TinyQwen:
@@ -271,7 +226,7 @@ def _refused_with_checkpoint(plan: ExecutionPlan) -> list[StageRefusal]:
     """An hf(...) actor speaks its checkpoint's tokenizer: what reads the character vocabulary
     (compact tool calls, tiny reward models and judges) cannot go with it."""
     train = plan.stages_of("train")
-    if not train or plan.model(train[0].model).preset != "hf":
+    if not train or plan.model_of(train[0]).preset != "hf":
         return []
     found = [StageRefusal(s.name, f"stage '{s.name}': tool-using episodes on the CPU backend need the tiny "
                                   "character tokenizer, not an hf(...) checkpoint's", "use a custom model")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from aspc.backends.cpu import checkpoint
-from aspc.backends.cpu.checkpoint import CheckpointError
+from aspc.rl import checkpoint
+from aspc.rl.checkpoint import CheckpointError
 from aspc.backends.cpu.hf_weights import export_hf
 
 

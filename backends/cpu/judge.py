@@ -27,35 +27,11 @@ from aspc.rl.data import DataError
 from aspc.backends.cpu.model import TinyQwen
 from aspc.backends.cpu.reward_model import (Pair, RewardModelError, load_weights, read_pairs, save_weights, split,
                                             tiny_model)
-from aspc.rl.tokenizer import BOS, EOS, encode
+from aspc.rl.judge_verdict import NO, YES, VerdictJudge, judge_input
+from aspc.rl.tokenizer import encode
 from aspc.ir.facts import ModelArch
 
-SEPARATOR = encode("#")
-YES, NO = encode("1")[0], encode("0")[0]
-READS = ("probability", "verdict")
 TRAIN_HINT = "warm-start one with `aspc train-judge FILE.aspl --model NAME --data prefs.jsonl -o PATH`"
-
-
-class JudgeCallFailed(Exception):
-    """The judge's answer is not a verdict (read = "verdict")."""
-
-
-def judge_input(rubric: list[int], prompt: list[int], response: list[int], max_seq: int) -> list[int]:
-    """BOS + rubric + prompt + response (without EOS), cut to leave room for the separator."""
-    body = [t for t in prompt if t != BOS] + [t for t in response if t != EOS]
-    ids = [BOS] + rubric + body
-    return ids[:max_seq - len(SEPARATOR)] + SEPARATOR
-
-
-class CharPrompt:
-    """A tiny judge's prompt and verdict in the task's character vocabulary (`judge_input`; the
-    verdict tokens "1" and "0"): the policy's own token ids, read as they are."""
-
-    def __init__(self, rubric: str, max_seq: int):
-        self.rubric, self.max_seq, self.yes, self.no = encode(rubric), max_seq, YES, NO
-
-    def build(self, item) -> list[int]:
-        return judge_input(self.rubric, item.prompt, item.response, self.max_seq)
 
 
 def verdict_logits(model: TinyQwen, inputs: list[list[int]]) -> torch.Tensor:
@@ -66,27 +42,9 @@ def verdict_logits(model: TinyQwen, inputs: list[list[int]]) -> torch.Tensor:
     return logits[torch.arange(len(inputs)), last].float()
 
 
-class CpuJudge:
-    """One judge(...) source on one instance: a score per (prompt, response) token sequence. `prompt`
-    builds each input and names the verdict tokens: the character vocabulary's (CharPrompt) unless
-    given (a checkpoint judge's own tokenizer: judge_prompt.TokenizerPrompt)."""
-
-    def __init__(self, model: TinyQwen, rubric: str = "", read: str = "probability", prompt=None):
-        self.model, self.read = model.eval(), read
-        self.prompt = prompt or CharPrompt(rubric, model.arch.max_seq)
-        self.source = "judge"  # how messages name it: a reward stage sets judge(NAME)
-
-    @torch.no_grad()
-    def scores(self, rollouts: list) -> list[float]:
-        logits = self.verdict_logits([self.prompt.build(r) for r in rollouts])
-        yes, no = self.prompt.yes, self.prompt.no
-        if self.read == "probability":
-            return torch.softmax(logits[:, [no, yes]], -1)[:, 1].tolist()
-        answers = logits.argmax(-1).tolist()
-        if any(a not in (yes, no) for a in answers):
-            raise JudgeCallFailed(f"the judge answered token {next(a for a in answers if a not in (yes, no))}, "
-                                  'not a verdict ("1" or "0")')
-        return [float(a == yes) for a in answers]
+class CpuJudge(VerdictJudge):
+    """A judge(...) source on the CPU: the verdict reading of aspc/rl/judge_verdict.py over a TinyQwen's
+    logits."""
 
     def verdict_logits(self, inputs: list[list[int]]) -> torch.Tensor:
         """[B, V] logits at each input's verdict position (the NPU judge reads them from vLLM)."""
@@ -152,7 +110,7 @@ def train_judge(plan, model_name: str, data: Path, output: Path, steps: int = 40
     """`aspc train-judge`: warm-start model `model_name` of the plan to judge, with the rubric of
     the plan's judge(...) source that names it; report the held-out agreement with the verifier
     and write the weights to `output`; returns that agreement."""
-    from aspc.backends.cpu.threads import use_threads
+    from aspc.rl.threads import use_threads
 
     model_plan = tiny_model(plan, model_name)
     rubric = _rubric(plan, model_name)

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from aspc.backends.cpu.batching import make_batch
-from aspc.backends.cpu.checkpoint import CheckpointError
+from aspc.rl.checkpoint import CheckpointError
 from aspc.rl.data import DataError, json_objects
 from aspc.backends.cpu.model import TinyQwen
 from aspc.rl.tokenizer import BOS, EOS, encode
@@ -183,7 +183,7 @@ def train_reward_model(plan, model_name: str, data: Path, output: Path, steps: i
     held-out pairwise accuracy and write the weights to `output`; returns that accuracy."""
     import time
 
-    from aspc.backends.cpu.threads import use_threads
+    from aspc.rl.threads import use_threads
 
     model_plan = tiny_model(plan, model_name)
     try:

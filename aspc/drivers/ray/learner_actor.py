@@ -17,16 +17,19 @@ import threading
 
 import ray
 
+from aspc.platforms import NPU
+
 TRANSFER_GROUP = "weight_transfer"
 JOIN_WAIT_S = 600  # a refresh waits at most this long for the learner's side of its group
-VISIBLE_DEVICES = "ASCEND_RT_VISIBLE_DEVICES"
+VISIBLE_DEVICES: str = NPU.visible_devices or ""  # the learner in an actor is megatron's rank 0 on an NPU
 
 
 def remote_learner_class(cls, instances: int):
     """`cls` as a Ray actor class whose transfer group serves every generation instance at once
     (each refresh blocks one of its threads until its broadcast is done, as the local runtime's
     sender threads do)."""
-    return ray.remote(concurrency_groups={TRANSFER_GROUP: max(1, instances)})(cls)
+    # ray's stub overloads leave out concurrency_groups, which ray.remote takes (Ray's actor docs)
+    return ray.remote(concurrency_groups={TRANSFER_GROUP: max(1, instances)})(cls)  # type: ignore[call-overload]
 
 
 class LearnerActor:
@@ -110,6 +113,7 @@ class ActorBuiltLearner(LearnerActor):
     def start_stream(self, version: int, instance: int) -> int:
         """An engine's refresh begins: every trainer rank starts the send (the sender's broadcast
         brings ranks > 0, on every node); returns the stream's id."""
+        assert self.streamer is not None, "a stream starts after a colocated snapshot set its sender (_relayed)"
         pending = self.streamer.start(version, instance)
         key = next(self.stream_ids)
         self.streams[key] = (pending, self.streamer.updates(pending))
@@ -126,6 +130,7 @@ class ActorBuiltLearner(LearnerActor):
         """The engine's refresh is over (or failed): the send ends; its error, if any, raises here."""
         pending, chunks = self.streams.pop(key)
         chunks.close()
+        assert self.streamer is not None, "a stream ends after it started (start_stream)"
         self.streamer.wait(pending)
 
     def join_transfer_group(self, index: int) -> None:
@@ -140,7 +145,7 @@ class ActorBuiltLearner(LearnerActor):
         return from the join and ask for its first weights before this side has recorded the group."""
         if not self._group(instance).wait(JOIN_WAIT_S):
             raise RuntimeError(f"the learner has not joined generation instance {instance}'s weight-transfer group")
-        return super().send_weights(version, instance)
+        return super().send_weights(version, instance)  # type: ignore[operator]  # ray's stub types the method
 
     def _group(self, index: int) -> threading.Event:
         with self.lock:

@@ -13,12 +13,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+from typing import cast
 
 from aspc.controller.config import UnsupportedPlan
 from aspc.drivers.local.runtime import LocalRuntime
 from aspc.drivers.local.workers import InstanceLost, WorkerFailed
 from aspc.drivers.ray.placement import device_bundles, engine_node, missing_devices, rank0_node
 from aspc.ir.kinds import ROLE_CALLS
+from aspc.roles import LearnerInActor
 
 MAX_RESTARTS = 3
 JOIN_TIMEOUT_S = 600  # an engine's actor and the learner's meeting in its weight-transfer group
@@ -236,7 +238,7 @@ class RayRuntime(LocalRuntime):
         from aspc.drivers.ray.colocated import PoolSwitch, start_engines
         from aspc.drivers.ray.learner_actor import ActorBuiltLearner
 
-        count, executors = self.config.instances, self.executors
+        count, executors = self.config.instances, cast(LearnerInActor, self.executors)  # its learner_in_actor said so
         engines = [engine_node(self.ray, executors.engine_address(i), i) for i in range(count)] if colocated else None
         self.placement = self._placement_group(rank0_node(self.ray, executors.learner_address()), engines)
         if colocated:
@@ -253,10 +255,12 @@ class RayRuntime(LocalRuntime):
         version."""
         from aspc.drivers.ray.colocated import wake_into
 
+        executors = self.executors
+        assert isinstance(executors, _LearnerInActor), "a time-shared pool on Ray keeps the learner in its actor"
         for worker in self.gen_workers:
             worker.generator = RemoteGenerator(self.ray, self._engine_actors[worker.index])
-        self.executors.switch(self.config.shared_pool, self.controller.mode)
-        info = [self.executors.transfer_info(i) for i in range(self.config.instances)]
+        executors.switch(self.config.shared_pool, self.controller.mode)
+        info = [executors.transfer_info(i) for i in range(self.config.instances)]
         wake_into(self.ray, self._engine_actors, info, self.ray.put(self.weights[max(self.weights)]))
 
     def _learner_class(self, cls):
@@ -310,7 +314,7 @@ class RayRuntime(LocalRuntime):
         transfer = None
         if isinstance(self.executors, _LearnerInActor):
             transfer = self.executors.transfer_info(index)
-            joining = self.learner.actor.join_transfer_group.remote(index)
+            joining = self.executors.learner.actor.join_transfer_group.remote(index)
         actor = self._gen_actor.options(**self._bundle(index)).remote(self._templates[index],
                                                                       self.ray.put(self.weights[version]),
                                                                       self.executors.set_threads, transfer)

@@ -14,7 +14,7 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Protocol, assert_never
+from typing import assert_never
 
 from aspc.accounting.ledger import Ledger, Span
 from aspc.controller import Controller, ControllerConfig
@@ -27,29 +27,12 @@ from aspc.controller.events import (Action, Checkpoint, Dispatch, Finished, Inst
 from aspc.controller.episodes import EpisodePolicy
 from aspc.costmodel.workload import Environment, draw_episode, draw_rewards, step_lengths
 from aspc.drivers.sim.episodes import EpisodePlan, plan_episode
-from aspc.plan.execution_plan import ExecutionPlan, Instance, StagePlan
+from aspc.plan.execution_plan import ExecutionPlan, StagePlan
+from aspc.roles import Pricing  # what the simulator asks of its executors
 
 
 class SimulationStalled(Exception):
     """The event queue ran dry before the last step: a scheduling deadlock (a bug to report)."""
-
-
-class Pricing(Protocol):
-    """What the simulator asks of its executors (backends/sim/pricing.py; a test's fake)."""
-
-    def generation_instance(self, stage: StagePlan, instance: Instance): ...  # a GenInstance
-
-    def load(self, devices: int, interrupt: bool) -> float: ...
-
-    def work(self, work: Work, stage: StagePlan, token_lengths: list[int]): ...  # a WorkCost
-
-    def optimizer(self) -> float: ...
-
-    def publish(self, devices: int, time_shared: bool) -> float: ...
-
-    def switch(self, devices: int) -> float: ...
-
-    def move(self, devices: int) -> float: ...  # a generation instance joins or leaves the trainer
 
 
 @dataclass

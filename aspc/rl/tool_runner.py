@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from aspc.backends.cpu import sandbox
+from aspc.rl import sandbox
 from aspc.frontend.user_code import UserCodeError, load_function
 
 TRUNCATED = "…[truncated]"

@@ -181,7 +181,7 @@ def _link_identical(file: Path, digest: str, earlier: Path | None) -> None:
 def find_resume_point(directory: Path) -> ResumePoint | None:
     """The newest intact checkpoint in `directory` (None: there is none), with the reasons the
     newer ones were skipped."""
-    skipped = []
+    skipped: list[str] = []
     for version, path in sorted(step_folders(directory), reverse=True):
         problem = verify(path)
         if problem is None:

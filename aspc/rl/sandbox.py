@@ -482,5 +482,5 @@ def _drop_all_capabilities() -> bool:
 def start_command(control_fd: int) -> list[str]:
     """The command line that starts `serve` in a fresh interpreter with the runner's module path."""
     code = ("import sys, json; sys.path[:] = json.loads(sys.argv[2]); "
-            "from aspc.backends.cpu.tool_runner import serve_tools; serve_tools(int(sys.argv[1]))")
+            "from aspc.rl.tool_runner import serve_tools; serve_tools(int(sys.argv[1]))")
     return [sys.executable, "-c", code, str(control_fd), json.dumps(sys.path)]
