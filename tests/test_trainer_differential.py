@@ -175,3 +175,15 @@ def test_what_the_megatron_trainer_cannot_honour_is_refused_at_the_option(tmp_pa
     refused = AscendExecutors.unsupported(plan_with(tmp_path, options, tp), runtime=None)
     assert [r.option for r in refused] == [option], refused
     assert AscendExecutors.unsupported(plan_with(tmp_path, "entropy_coef = 0.01"), runtime=None) == []  # tp = 1
+
+
+def test_a_launch_plan_or_dry_run_refuses_what_the_megatron_trainer_cannot_honour(aspc, tmp_path):
+    """`aspc compile --backend ascend --emit launch` and `aspc run --backend ascend --dry-run` refuse
+    epochs = 2 at the option's line, as a run would: no launch plan that trains something else."""
+    path = tmp_path / "p.aspl"
+    path.write_text(GRPO.read_text().replace("micro_tokens = 1k", "micro_tokens = 1k, epochs = 2"))
+    for args in (["compile", str(path), "--backend", "ascend", "--emit", "launch"],
+                 ["run", str(path), "--backend", "ascend", "--dry-run"]):
+        result = aspc(*args)
+        assert result.exit_code == 1, result.output
+        assert "p.aspl:21:" in result.output and "the megatron trainer trains one epoch per step" in result.output

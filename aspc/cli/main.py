@@ -122,6 +122,8 @@ def compile_command(file, emit, backend, emit_after, verify, output, overrides, 
     if emit.startswith("launch") and backend != "ascend":
         raise click.UsageError(f"--emit {emit} lowers to the Ascend backend: add --backend ascend")
     compiled = _compile(file, overrides, schedule, pipeline, emit_after, verify)
+    if emit.startswith("launch"):
+        _refuse_trainer_options(file, overrides, compiled)
     try:
         text = EMITTERS[emit](compiled)
     except AsplError as error:
@@ -478,6 +480,7 @@ def _run_ascend(file, overrides, schedule, pipeline, dry_run, request) -> None:
     if missing:
         raise click.ClickException(f"{file}: {missing}")
     compiled = _compile(file, overrides, schedule, pipeline, None, False)
+    _refuse_trainer_options(file, overrides, compiled)
     launch = _launch_plan(compiled)
     if dry_run:
         click.echo(launch_script(launch), nl=False)
@@ -568,6 +571,17 @@ def _load_plan(file, overrides, schedule, pipeline):
     except (ValueError, KeyError, TypeError) as error:
         raise click.ClickException(f"{file}: not an execution plan of this aspc version ({error}); write one "
                                    "with `aspc compile FILE.aspl --emit plan -o NAME.plan.json`") from None
+
+
+def _refuse_trainer_options(file, overrides, compiled: Compiled) -> None:
+    """What the megatron trainer cannot honour (several epochs, an entropy bonus at tp > 1), refused at
+    the option when a launch plan is emitted or printed, as a run refuses it: a launch plan that
+    silently ignores an option would train something else on the cluster."""
+    from aspc.backends.ascend.run_executors import trainer_refusals
+
+    plan = compiled.plan()
+    refused = [r for stage in plan.stages_of("train") for r in trainer_refusals(stage)]
+    _refuse_at_stages(file, overrides, compiled, refused)
 
 
 def _refuse_at_stages(file, overrides, compiled: Compiled | None, refusals) -> None:
