@@ -1,6 +1,7 @@
 """A run that cannot learn says so at once (aspc/controller/health.py): a tool that fails every call
 warns, then stops the run with the tool's own error; a reward that never changes while the
 responses do warns. And the README's agentic pipeline finds its tool from a relative path."""
+import re
 from pathlib import Path
 
 import pytest
@@ -95,5 +96,7 @@ def test_a_run_whose_tool_fails_every_call_warns_and_stops_with_the_tools_error(
                   "--metrics", str(tmp_path / "m.jsonl"))
     assert result.exit_code == 1, result.output
     assert "warning: tool 'calc' failed its last 8 calls" in result.output
-    assert "failed its last 64 calls" in result.output and "the calculator's backend is down" in result.output
+    counts = [int(n) for n in re.findall(r"failed its last (\d+) calls", result.output)]
+    assert max(counts) >= 64, result.output  # under load, calls in flight on the other instance may fail first
+    assert "the calculator's backend is down" in result.output
     assert "Traceback" not in result.output
