@@ -280,6 +280,9 @@ def test_hostile_writes_outside_the_scratch_folder_leave_nothing(hostile):
     shared = [f"/tmp/{hostile_name()}", f"/dev/shm/{hostile_name()}"]
     protected = [f"/var/tmp/{hostile_name()}", f"/etc/{hostile_name()}", str(HOSTILE_DIR / hostile_name()),
                  str(CHECKOUT / hostile_name())]
+    if hostile.isolation["filesystem"]:  # a checkout under /tmp lies under the call's own /tmp: writes vanish there
+        shared += [path for path in protected if path.startswith(("/tmp/", "/dev/shm/"))]
+        protected = [path for path in protected if path not in shared]
     try:
         written = json.loads(hostile.run("write_outside", json.dumps(shared + protected)).observation)
         command = hostile.run("sh", f"open('{shared[0]}.cmd', 'w').write('hostile')")
