@@ -274,7 +274,7 @@ def test_hostile_endless_loop_times_out(hostile):
 def test_hostile_writes_outside_the_scratch_folder_leave_nothing(hostile):
     """With filesystem isolation the tool may write only its scratch folder and a fresh /tmp and /dev/shm
     of its own; everything else is read-only. Without it (docs/runtime.md) nobody still cannot write
-    root's folders, but /tmp and /dev/shm are the host's."""
+    root's folders, but /tmp, /var/tmp and /dev/shm are the host's."""
     if not (hostile.isolation["filesystem"] or hostile.isolation["user"]):
         pytest.skip("no filesystem isolation and the tools keep the runner's user: they write where it may")
     shared = [f"/tmp/{hostile_name()}", f"/dev/shm/{hostile_name()}"]
@@ -282,7 +282,9 @@ def test_hostile_writes_outside_the_scratch_folder_leave_nothing(hostile):
                  str(CHECKOUT / hostile_name())]
     if hostile.isolation["filesystem"]:  # a checkout under /tmp lies under the call's own /tmp: writes vanish there
         shared += [path for path in protected if path.startswith(("/tmp/", "/dev/shm/"))]
-        protected = [path for path in protected if path not in shared]
+    else:  # a user of its own still writes where every user may, as /var/tmp
+        shared.append(protected[0])
+    protected = [path for path in protected if path not in shared]
     try:
         written = json.loads(hostile.run("write_outside", json.dumps(shared + protected)).observation)
         command = hostile.run("sh", f"open('{shared[0]}.cmd', 'w').write('hostile')")
