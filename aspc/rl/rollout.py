@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from aspc.rl.losses import LOSS_DEFAULTS, default_aggregation, overlong_penalty
+from aspc.rl.losses import LOSS_DEFAULTS, default_aggregation, gae, group_advantages, overlong_penalty, whiten
 
 
 @dataclass
@@ -62,6 +62,30 @@ class TrainSettings:
     @property
     def aggregation(self) -> str:
         return self.loss_agg or default_aggregation(self.loss)
+
+
+def token_advantages(rollouts: list[Rollout], s: TrainSettings) -> tuple[list[list[float]], list]:
+    """Each rollout's response-token advantages, and with GAE its returns (else None), for one unit of
+    whole groups, as every trainer trains them: GRPO/DAPO/RLOO's group advantage on every token, or
+    GAE over the critic's values, whitened over the unit where the advantage stage normalizes (verl
+    compute_gae_advantage_return). A masked sample (failed score) has advantage 0 and returns equal
+    to its values."""
+    if s.estimator == "gae":
+        pairs = [gae(r.reward, _critic_values(r), s.gamma, s.lam) if not r.masked
+                 else ([0.0] * len(_critic_values(r)), list(_critic_values(r))) for r in rollouts]
+        advantages = [a for a, _ in pairs]
+        if s.normalize:
+            advantages = whiten(advantages, [r.masked for r in rollouts])
+        return advantages, [ret for _, ret in pairs]
+    scalar = group_advantages([r.reward for r in rollouts], s.group, s.estimator, s.normalize,
+                              [r.masked for r in rollouts])
+    return [[a] * len(r.response) for a, r in zip(scalar, rollouts)], [None] * len(rollouts)
+
+
+def _critic_values(rollout: Rollout) -> list[float]:
+    """The critic's values of a rollout: GAE runs only after the critic's pass set them."""
+    assert rollout.values is not None, f"sample {rollout.key}: GAE without the critic's values"
+    return rollout.values
 
 
 def model_tokens(r: Rollout) -> int:

@@ -24,7 +24,8 @@ from aspc.backends.ascend.megatron_model import build_gpt, load_checkpoint, mate
 from aspc.backends.ascend.megatron_trainer import MegatronTrainer
 from aspc.backends.ascend.offload import Offloadable
 from aspc.backends.ascend.packing import feed, pack, per_sequence
-from aspc.rl.losses import gae, value_loss, whiten
+from aspc.rl.losses import value_loss
+from aspc.rl.rollout import token_advantages
 from aspc.plan.execution_plan import ExecutionPlan, StageRefusal
 
 
@@ -57,15 +58,11 @@ def value_model(stage: dict, rank_args: dict, use_cpu_initialization: bool = Fal
 
 def gae_targets(rollouts: list, settings) -> tuple[dict, dict]:
     """Sample key -> its response tokens' GAE advantages (whitened where the advantage stage
-    normalizes), and key -> their returns; as the CPU learner computes them (Learner._advantages):
+    normalizes), and key -> their returns; as every trainer computes them (rollout.token_advantages):
     a masked sample (failed score) has advantage 0 and returns equal to its values."""
-    pairs = [gae(r.reward, r.values, settings.gamma, settings.lam) if not r.masked
-             else ([0.0] * len(r.values), list(r.values)) for r in rollouts]
-    advantages = [a for a, _ in pairs]
-    if settings.normalize:
-        advantages = whiten(advantages, [r.masked for r in rollouts])
+    advantages, returns = token_advantages(rollouts, settings)
     keys = [r.key for r in rollouts]
-    return dict(zip(keys, advantages)), {key: ret for key, (_, ret) in zip(keys, pairs)}
+    return dict(zip(keys, advantages)), dict(zip(keys, returns))
 
 
 def per_position(mb, per_key: dict) -> torch.Tensor:

@@ -22,8 +22,9 @@ from aspc.backends.ascend.offload import Offloadable
 from aspc.backends.ascend.packing import feed, model_device, pack
 from aspc.backends.ascend.reshard import grouped_to_sequential
 from aspc.backends.ascend.weight_sync import gather_hf, whole_hf_in_place
-from aspc.rl.losses import group_advantages, step_divisor
+from aspc.rl.losses import step_divisor
 from aspc.rl.objective import TokenTerms, micro_batch_loss
+from aspc.rl.rollout import token_advantages
 
 
 @dataclass(frozen=True)
@@ -128,16 +129,10 @@ class MegatronTrainer(Offloadable):
         self.tokens += int(sum(mb.loss_mask.sum() for mb in batches))
 
     def _advantages(self, rollouts: list) -> dict:
-        """Sample key -> its advantage (the controller hands whole groups), or with GAE (PPO) its
-        response tokens' advantages from the values the critic gave (critic.py)."""
-        s = self.settings
-        if s.estimator == "gae":
-            from aspc.backends.ascend.critic import gae_targets
-
-            return gae_targets(rollouts, s)[0]
-        rewards = group_advantages([r.reward for r in rollouts], s.group, s.estimator, s.normalize,
-                                   [r.masked for r in rollouts])
-        return dict(zip((r.key for r in rollouts), rewards))
+        """Sample key -> its response tokens' advantages, as every trainer computes them (the
+        controller hands whole groups; with GAE, from the values the critic gave: critic.py)."""
+        advantages, _ = token_advantages(rollouts, self.settings)
+        return dict(zip((r.key for r in rollouts), advantages))
 
     def _forward_step(self, count: int):
         """megatron's forward step over this rank's `count` micro-batches: the loss is the summed

@@ -16,9 +16,9 @@ import torch
 
 from aspc.backends.cpu.batching import make_batch, token_logprobs, token_values
 from aspc.backends.cpu.generator import PolicyWeights
-from aspc.rl.losses import NonFiniteError, gae, group_advantages, step_divisor, value_loss, whiten
+from aspc.rl.losses import NonFiniteError, step_divisor, value_loss
 from aspc.rl.objective import TokenTerms, micro_batch_loss
-from aspc.rl.rollout import Rollout, Shaping, TaskReward, TrainSettings
+from aspc.rl.rollout import Rollout, Shaping, TaskReward, TrainSettings, token_advantages
 from aspc.algorithms.packing import first_fit_decreasing
 
 
@@ -80,16 +80,7 @@ class Learner:
             self.step_stats.add_weights([self.version - r.policy_version for r in chunk], found.correction, mask)
 
     def _advantages(self, rollouts: list[Rollout]):
-        if self.s.estimator == "gae":
-            pairs = [gae(r.reward, _critic_values(r), self.s.gamma, self.s.lam) if not r.masked
-                     else ([0.0] * len(_critic_values(r)), list(_critic_values(r))) for r in rollouts]
-            advantages = [a for a, _ in pairs]
-            if self.s.normalize:  # whitened over the unit trained together (verl compute_gae_advantage_return)
-                advantages = whiten(advantages, [r.masked for r in rollouts])
-            return advantages, [ret for _, ret in pairs]
-        scalar = group_advantages([r.reward for r in rollouts], self.s.group, self.s.estimator, self.s.normalize,
-                                  [r.masked for r in rollouts])
-        return [[a] * len(r.response) for a, r in zip(scalar, rollouts)], [None] * len(rollouts)
+        return token_advantages(rollouts, self.s)
 
     def _value_loss(self, chunk, batch, mask, returns) -> float:
         """Back-propagate the micro-batch's summed value loss; return it (times value_coef)."""
@@ -262,7 +253,3 @@ def _decode(ids) -> str:
     return decode(ids)
 
 
-def _critic_values(rollout: Rollout) -> list[float]:
-    """The critic's values of a rollout: GAE runs only after the critic's pass set them."""
-    assert rollout.values is not None, f"sample {rollout.key}: GAE without the critic's values"
-    return rollout.values
