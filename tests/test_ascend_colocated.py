@@ -278,12 +278,12 @@ def test_the_tiny_layout_refusal_names_the_npu_without_a_trainer_rank():
 
 
 def test_an_engines_placement_is_set_only_while_it_starts():
-    from aspc.backends.ascend.engine_actor import engine_environment
+    from aspc.backends.ascend.engine_actor import PLACEMENT_ENV, engine_environment
 
     env = {"ASCEND_RT_VISIBLE_DEVICES": "4,5", "VLLM_ASCEND_ENABLE_NZ": "0"}
     before = dict(os.environ)
     try:
-        with engine_environment(env):
+        with engine_environment(env, PLACEMENT_ENV):
             assert os.environ["ASCEND_RT_VISIBLE_DEVICES"] == "4,5"
         assert os.environ.get("ASCEND_RT_VISIBLE_DEVICES") == before.get("ASCEND_RT_VISIBLE_DEVICES")
         assert os.environ["VLLM_ASCEND_ENABLE_NZ"] == "0"  # vLLM reads it in this process too

@@ -76,6 +76,10 @@ class FakeLLM:
         self.calls.append("finish_weight_update")
         self.generator.load_weights(self.received)
 
+    def reset_prefix_cache(self):
+        self.calls.append("reset_prefix_cache")
+        return True
+
     def sleep(self, level=1):
         self.calls.append(f"sleep({level})")
 
@@ -149,7 +153,7 @@ def test_the_controller_drives_vllm_engines_as_it_drives_the_cpu_generators():
         assert engine.llm.engine_args["max_num_seqs"] == engine.slots
         first, *calls = engine.llm.calls
         assert first == "init_weight_transfer_engine"
-        assert calls and calls == ["start_weight_update", "update_weights", "finish_weight_update"] * (len(calls) // 3)
+        assert calls and calls == ["start_weight_update", "update_weights", "finish_weight_update", "reset_prefix_cache"] * (len(calls) // 4)
 
 
 def test_a_refresh_loads_exactly_the_published_tensors():
@@ -173,7 +177,7 @@ def test_a_colocated_engine_sleeps_and_wakes_weights_then_kv_cache_around_the_re
     engine.sleep()
     engine.load_weights(executors.snapshot())
     assert engine.llm.calls[1:] == ["sleep(1)", "wake_up(['weights'])", "start_weight_update", "update_weights",
-                                    "finish_weight_update", "wake_up(['kv_cache'])"]
+                                    "finish_weight_update", "wake_up(['kv_cache'])", "reset_prefix_cache"]
     engine.sleep()
     engine.add(("k",), [1, 2, 3], seed=1)
     assert engine.llm.calls[-2:] == ["sleep(1)", "wake_up(None)"]
@@ -445,7 +449,7 @@ def test_aspc_run_backend_ascend_drives_the_npu_executors_as_the_cpu_backend(asp
     for engine in executors.engines.values():
         first, *calls = engine.llm.calls
         assert first == "init_weight_transfer_engine"
-        assert calls and calls == ["start_weight_update", "update_weights", "finish_weight_update"] * (len(calls) // 3)
+        assert calls and calls == ["start_weight_update", "update_weights", "finish_weight_update", "reset_prefix_cache"] * (len(calls) // 4)
 
 
 def test_aspc_run_backend_ascend_refuses_what_the_npu_executors_do_not_run(aspc, tmp_path, monkeypatch):
@@ -739,7 +743,7 @@ def steps_of(log):
 
 
 REFRESH = ["wake_up(['weights'])", "start_weight_update", "update_weights", "finish_weight_update",
-           "wake_up(['kv_cache'])"]
+           "wake_up(['kv_cache'])", "reset_prefix_cache"]
 
 
 def test_aspc_run_backend_ascend_switches_a_time_shared_pool_between_engines_and_trainer(aspc, tmp_path,

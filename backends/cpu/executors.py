@@ -82,6 +82,11 @@ class CpuExecutors:
         options = dict(self.gen_stage.options)
         slots = default_slots(self.data.samples_per_step, instances, self.data.group, options.get("max_num_seqs"),
                               self.gen_stage.parallel.dp)
+        if options.get("engine") == "vllm":
+            from aspc.backends.cpu.vllm_engine import CpuVllmEngine, launch_of
+
+            return CpuVllmEngine(launch_of(self.plan, self.gen_stage, self.base_dir, slots), index,
+                                 self.snapshot(), self.tokenizer.eos_ids)
         if self.environment is not None:
             return agentic.episode_generator(copy.deepcopy(self.actor).eval(), slots, options,
                                              self.gen_stage.batching != "continuous", self.environment)
@@ -219,6 +224,33 @@ def unsupported_stages(plan: ExecutionPlan) -> list[StageRefusal]:
                                       "format"))
         for source in dict(stage.options).get("sources", ()) if stage.kind == "reward" else ():
             found += _refused_source(plan, stage.name, source)
+    return found + _refused_vllm(plan)
+
+
+def _refused_vllm(plan: ExecutionPlan) -> list[StageRefusal]:
+    """`engine = vllm` on a CPU: an hf(...) model's single-turn generation, continuously batched,
+    with vLLM installed (backends/cpu/vllm_engine.py)."""
+    from aspc.backends.cpu.vllm_engine import INSTALL, missing_vllm
+
+    found = []
+    for stage in plan.stages_of("generate"):
+        if dict(stage.options).get("engine") != "vllm":
+            continue
+        refuse = (lambda why, fix: found.append(StageRefusal(stage.name, f"stage '{stage.name}': engine = vllm: "
+                                                                         f"{why}", fix, "engine")))
+        if plan.model(stage.model).preset != "hf":
+            refuse(f"vLLM loads a Hugging Face checkpoint, and model '{stage.model}' is not one",
+                   f'declare model {stage.model} = hf("DIR"), or remove engine = vllm')
+        elif plan.stages_of("environment"):
+            refuse("tool-using episodes run on the project's generator on a CPU (vLLM episodes run on NPUs)",
+                   "remove engine = vllm")
+        elif stage.batching != "continuous":
+            refuse("vLLM batches continuously, and schedule sync-naive asks for static batches",
+                   "use schedule sync or asp, or remove engine = vllm")
+        else:
+            why = missing_vllm()
+            if why is not None:
+                refuse(why.split(";")[0], why.split("; ", 1)[1] if "; " in why else INSTALL)
     return found
 
 

@@ -17,6 +17,7 @@ import torch
 from aspc.backends.cpu.batching import make_batch, token_logprobs, token_values
 from aspc.backends.cpu.generator import PolicyWeights
 from aspc.rl.losses import NonFiniteError, step_divisor, value_loss
+from aspc.rl.mismatch import Mismatch
 from aspc.rl.objective import TokenTerms, micro_batch_loss
 from aspc.rl.rollout import Rollout, Shaping, TaskReward, TrainSettings, token_advantages
 from aspc.algorithms.packing import first_fit_decreasing
@@ -78,6 +79,7 @@ class Learner:
                 self.step_stats.value_loss += self._value_loss(chunk, batch, mask, [returns[i] for i in chunk_idx])
             self.step_stats.add(chunk, float(found.loss.detach()), found.tokens, found.clipped_tokens)
             self.step_stats.add_weights([self.version - r.policy_version for r in chunk], found.correction, mask)
+            self.step_stats.mismatch.add(logp, terms.rollout_logp, mask, [r.policy_version == self.version for r in chunk])
 
     def _advantages(self, rollouts: list[Rollout]):
         return token_advantages(rollouts, self.s)
@@ -166,6 +168,7 @@ class _StepStats:
         self.responses: set[int] = set()  # hashes of the step's distinct responses
         self.failed = 0  # samples whose score failed (masked, with the fallback reward)
         self.episodes: list[dict] = []  # agentic episodes trained this step
+        self.mismatch = Mismatch()  # the engine's log-probs against the trainer's (aspc/rl/mismatch.py)
 
     def add(self, chunk, loss: float, tokens: float, clipped_tokens: float) -> None:
         self.sequences += len(chunk)
@@ -196,7 +199,8 @@ class _StepStats:
         value = {"value_loss": self.value_loss / max(self.tokens, 1)} if critic else {}
         return {"reward": sum(self.rewards) / scored, **shaped, "response_len": sum(self.lengths) / n,
                 "loss": self.loss / divisor, **value, "clip_fraction": self.clipped / max(self.tokens, 1),
-                "samples": self.sequences, **failed, **self._weight_metrics(), **episode_metrics(self.episodes),
+                "samples": self.sequences, **failed, **self._weight_metrics(), **self.mismatch.metrics(),
+                **episode_metrics(self.episodes),
                 **self._spread()}
 
     def _spread(self) -> dict:

