@@ -153,7 +153,8 @@ def test_the_controller_drives_vllm_engines_as_it_drives_the_cpu_generators():
         assert engine.llm.engine_args["max_num_seqs"] == engine.slots
         first, *calls = engine.llm.calls
         assert first == "init_weight_transfer_engine"
-        assert calls and calls == ["start_weight_update", "update_weights", "finish_weight_update", "reset_prefix_cache"] * (len(calls) // 4)
+        refresh = ["start_weight_update", "update_weights", "finish_weight_update", "reset_prefix_cache"]
+        assert calls and calls == refresh * (len(calls) // 4)
 
 
 def test_a_refresh_loads_exactly_the_published_tensors():
@@ -449,7 +450,8 @@ def test_aspc_run_backend_ascend_drives_the_npu_executors_as_the_cpu_backend(asp
     for engine in executors.engines.values():
         first, *calls = engine.llm.calls
         assert first == "init_weight_transfer_engine"
-        assert calls and calls == ["start_weight_update", "update_weights", "finish_weight_update", "reset_prefix_cache"] * (len(calls) // 4)
+        refresh = ["start_weight_update", "update_weights", "finish_weight_update", "reset_prefix_cache"]
+        assert calls and calls == refresh * (len(calls) // 4)
 
 
 def test_aspc_run_backend_ascend_refuses_what_the_npu_executors_do_not_run(aspc, tmp_path, monkeypatch):

@@ -230,28 +230,30 @@ def unsupported_stages(plan: ExecutionPlan) -> list[StageRefusal]:
 def _refused_vllm(plan: ExecutionPlan) -> list[StageRefusal]:
     """`engine = vllm` on a CPU: an hf(...) model's single-turn generation, continuously batched,
     with vLLM installed (backends/cpu/vllm_engine.py)."""
-    from aspc.backends.cpu.vllm_engine import INSTALL, missing_vllm
-
     found = []
     for stage in plan.stages_of("generate"):
-        if dict(stage.options).get("engine") != "vllm":
-            continue
-        refuse = (lambda why, fix: found.append(StageRefusal(stage.name, f"stage '{stage.name}': engine = vllm: "
-                                                                         f"{why}", fix, "engine")))
-        if plan.model(stage.model).preset != "hf":
-            refuse(f"vLLM loads a Hugging Face checkpoint, and model '{stage.model}' is not one",
-                   f'declare model {stage.model} = hf("DIR"), or remove engine = vllm')
-        elif plan.stages_of("environment"):
-            refuse("tool-using episodes run on the project's generator on a CPU (vLLM episodes run on NPUs)",
-                   "remove engine = vllm")
-        elif stage.batching != "continuous":
-            refuse("vLLM batches continuously, and schedule sync-naive asks for static batches",
-                   "use schedule sync or asp, or remove engine = vllm")
-        else:
-            why = missing_vllm()
+        if dict(stage.options).get("engine") == "vllm":
+            why = _why_not_vllm(plan, stage)
             if why is not None:
-                refuse(why.split(";")[0], why.split("; ", 1)[1] if "; " in why else INSTALL)
+                found.append(StageRefusal(stage.name, f"stage '{stage.name}': engine = vllm: {why[0]}", why[1],
+                                          "engine"))
     return found
+
+
+def _why_not_vllm(plan: ExecutionPlan, stage) -> tuple[str, str] | None:
+    from aspc.backends.cpu.vllm_engine import missing_vllm
+
+    if plan.model(stage.model).preset != "hf":
+        return (f"vLLM loads a Hugging Face checkpoint, and model '{stage.model}' is not one",
+                f'declare model {stage.model} = hf("DIR"), or remove engine = vllm')
+    if plan.stages_of("environment"):
+        return ("tool-using episodes run on the project's generator on a CPU (vLLM episodes run on NPUs)",
+                "remove engine = vllm")
+    if stage.batching != "continuous":
+        return ("vLLM batches continuously, and schedule sync-naive asks for static batches",
+                "use schedule sync or asp, or remove engine = vllm")
+    missing = missing_vllm()
+    return None if missing is None else (missing.split("; ", 1)[0], missing.split("; ", 1)[1])
 
 
 def _refused_with_checkpoint(plan: ExecutionPlan) -> list[StageRefusal]:

@@ -79,7 +79,8 @@ class Learner:
                 self.step_stats.value_loss += self._value_loss(chunk, batch, mask, [returns[i] for i in chunk_idx])
             self.step_stats.add(chunk, float(found.loss.detach()), found.tokens, found.clipped_tokens)
             self.step_stats.add_weights([self.version - r.policy_version for r in chunk], found.correction, mask)
-            self.step_stats.mismatch.add(logp, terms.rollout_logp, mask, [r.policy_version == self.version for r in chunk])
+            same = [r.policy_version == self.version for r in chunk]
+            self.step_stats.mismatch.add(logp, terms.rollout_logp, mask, same)
 
     def _advantages(self, rollouts: list[Rollout]):
         return token_advantages(rollouts, self.s)

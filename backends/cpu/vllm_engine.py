@@ -21,7 +21,8 @@ from aspc.plan.execution_plan import ExecutionPlan, StagePlan
 
 INSTALL = "pip install -e '.[vllm]' && pip uninstall -y torchvision torchaudio torchcodec"
 TRANSFER_CALLS = ["init_weight_transfer_engine", "start_weight_update", "update_weights", "finish_weight_update"]
-KV_BYTES_PER_TOKEN_FLOOR = 1 << 20  # the KV cache's least size: vLLM refuses to start below one request
+KV_BYTES_FLOOR = 1 << 20  # the KV cache's least size
+CPU_BLOCK = 128  # vLLM-CPU's KV block, in tokens, unless block_size is given (vllm/platforms/cpu.py)
 # the engine core in this process (Platform.engine_in_process); vLLM's start-up notes only when asked for
 ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
 
@@ -53,16 +54,29 @@ def launch_of(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None, slot
               "kv_cache_memory_bytes": kv_cache_bytes(model.arch, slots, max_model_len),
               "load_format": "dummy",  # the first refresh brings the learner's weights
               "weight_transfer_config": {"backend": GLOO}, **engine_options(max_model_len)}
+    if model.arch.tied:  # a head of its own, refreshed as lm_head.weight (see `hf_tensors`)
+        config["hf_overrides"] = {"tie_word_embeddings": False}
     sampling = {"temperature": options["temperature"], "top_p": options["top_p"], "max_tokens": options["max_tokens"]}
     return {"config": config, "micro_batching": {"sampling": sampling, "weight_refresh": {"calls": TRANSFER_CALLS}}}
 
 
 def kv_cache_bytes(arch, slots: int, max_model_len: int) -> int:
-    """Room for `slots` whole sequences of keys and values in fp32, with vLLM's block rounding (16
-    tokens a block) and a floor: the CPU engine holds what the project's generator would."""
+    """Room for `slots` whole sequences of keys and values in fp32, each in whole KV blocks: the
+    CPU engine holds as many sequences at once as the project's generator would."""
     per_token = 2 * arch.layers * arch.kv_heads * arch.head_dim * 4
-    tokens = slots * (-(-max_model_len // 16) * 16 + 16)
-    return max(per_token * tokens, KV_BYTES_PER_TOKEN_FLOOR)
+    tokens = slots * -(-max_model_len // CPU_BLOCK) * CPU_BLOCK
+    return max(per_token * tokens, KV_BYTES_FLOOR)
+
+
+def hf_tensors(state: dict) -> dict:
+    """The learner's weights under Hugging Face names, with the output head always its own tensor.
+    A tied model's head is its embedding; vLLM ties them by aliasing one parameter, and its layerwise
+    reload (the refresh) replaces the embedding's tensor and puts the head's old one back ("Failed to
+    load weights"): the head would keep the first weights forever (4.3 per token off the trainer's on
+    SmolLM2). So the engine runs the model untied (launch_of) and gets the embedding as the head too."""
+    tensors = to_hf(state)
+    tensors.setdefault("lm_head.weight", tensors["model.embed_tokens.weight"])
+    return tensors
 
 
 class CpuVllmEngine(VllmEngine):
@@ -104,5 +118,5 @@ class CpuVllmEngine(VllmEngine):
         """A PolicyWeights from the learner (our parameter names): broadcast under Hugging Face names."""
         if isinstance(published, PolicyWeights):
             self._ready()
-            published = self.sender.publish(published.version, to_hf(published.state))
+            published = self.sender.publish(published.version, hf_tensors(published.state))
         super().load_weights(published)
