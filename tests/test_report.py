@@ -330,3 +330,12 @@ def test_plot_draws_every_schedule_with_the_legend_outside():
     assert timelines[0].get_xlim() == timelines[1].get_xlim() == (0.0, 10.0)
     assert len(bars.patches) == len(CATEGORIES) * 2  # (write_plot saves it: tests/test_simulator.py)
     matplotlib.pyplot.close(fig)
+
+
+def test_the_training_inference_mismatch_of_a_run_is_charted(aspc, tmp_path):
+    """Rows with the engine's log-probs against the trainer's (aspc/rl/mismatch.py) get two charts."""
+    rows = _metrics(tmp_path / "runs" / "tiny_grpo_split-asp", {"mismatch_abs": 2e-6, "mismatch_kl": 1e-11,
+                                                                "mismatch_max": 3e-5, "mismatch_tokens": 96})
+    section = _run_section(aspc, tmp_path, rows)
+    assert len(_charts(section)) == 6
+    assert "training-inference mismatch" in section and "KL(engine || trainer) per token" in section

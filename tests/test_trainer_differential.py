@@ -141,6 +141,10 @@ def test_the_cpu_learner_and_the_megatron_trainer_give_the_same_loss_and_gradien
         scale = float(gradient.norm()) or 1.0
         assert float((npu_grads[name] - gradient).norm()) <= 1e-5 * scale + 1e-9, name
     assert npu["grad_norm"] == pytest.approx(cpu["grad_norm"], rel=1e-5)
+    # the training-inference mismatch (aspc/rl/mismatch.py): the same tokens compared, the same figures
+    assert cpu["mismatch_tokens"] == npu["mismatch_tokens"] > 0
+    for key in ("mismatch_abs", "mismatch_max", "mismatch_kl"):
+        assert npu[key] == pytest.approx(cpu[key], rel=1e-5, abs=1e-9), key
 
 
 def test_both_trainers_call_the_reward_function_the_same_way(one_rank):  # noqa: F811
