@@ -263,7 +263,7 @@ STAGES: dict[str, dict[str, OptionSpec]] = {
         OptionSpec("recompute", "bool", False, "recompute activations in the backward pass"),
     ),
 }
-ENGINE_OPTIONS = ("max_num_seqs", "gpu_memory_utilization", "engine")  # unset: left out of the IR (the platform default)
+ENGINE_OPTIONS = ("max_num_seqs", "gpu_memory_utilization", "engine")  # unset: left out of the IR (a default)
 
 _ASP = _opts(
     OptionSpec("staleness", "int", 1, "max policy versions between generation and use", lo=0),
