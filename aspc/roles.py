@@ -33,8 +33,10 @@ from typing import Any, Protocol
 
 
 class GenerationEngine(Protocol):
-    busy: bool
     slots: int  # requests it holds at once
+
+    @property
+    def busy(self) -> bool: ...  # something in flight to step
 
     def add(self, key: Any, ids: list[int], seed: int) -> None: ...
 

@@ -26,6 +26,7 @@ from aspc.rl.data import DataError, Prompt
 from aspc.rl.host import LEARNED, RunHost, Tools, checkpoint_dir
 from aspc.rl.rewards import RewardError
 from aspc.rl.rollout import Rollout, TrainSettings
+from aspc.roles import GenerationEngine
 from aspc.rl.scoring import JudgeScorer, RewardScorer
 from aspc.rl.threads import use_threads
 from aspc.rl.tokenizer import encode
@@ -77,7 +78,7 @@ class CpuExecutors:
         """The weights generation starts from (version 0: the learner has taken no step yet)."""
         return PolicyWeights(0, copy.deepcopy(self.actor.state_dict()))
 
-    def generation_engine(self, index: int, instances: int) -> BatchGenerator:
+    def generation_engine(self, index: int, instances: int) -> GenerationEngine:
         """Instance `index` of `instances` (all alike on a CPU)."""
         options = dict(self.gen_stage.options)
         slots = default_slots(self.data.samples_per_step, instances, self.data.group, options.get("max_num_seqs"),
