@@ -19,9 +19,10 @@ from aspc.controller import Controller, ControllerConfig
 from aspc.controller.health import ConstantReward, ToolHealth
 from aspc.controller.events import (Action, Checkpoint, Dispatch, Finished, InstanceIdle, MoveInstance, OptimizerStep,
                                     PublishWeights, RestartInstance, ResumeEpisode, RunTool, RunWork, Start,
-                                    SwitchPool, SyncWeights, WeightsPublished, WorkFinished)
+                                    SwitchPool, SyncWeights, WeightsLoaded, WeightsPublished, WorkFinished)
 from aspc.plan.execution_plan import ExecutionPlan
 from aspc.drivers.local.metrics_file import MetricsFile, interrupts_held
+from aspc.drivers.local.published import PublishedVersions
 from aspc.drivers.local.retention import prune
 from aspc.roles import ExecutorsFactory
 from aspc.drivers.local.scoring import GuardedJudge
@@ -105,6 +106,7 @@ class LocalRuntime:
         self.learner = self.executors.trainer()
         self.start_version = self._load(resume_from) if resume_from else 0
         self.weights[self.start_version] = self.executors.snapshot()
+        self.published = PublishedVersions(self.weights)
         self.exec_workers = [self._executor_worker(spec) for spec in self.config.executors]
         for worker in self.exec_workers:
             worker.report_rewards = self.config.filters_groups
@@ -426,6 +428,8 @@ class LocalRuntime:
         return [(s, step - starts[s]) for s in self.controller.used if s[0] == step and s in starts]
 
     def _handle(self, event) -> None:
+        if isinstance(event, WeightsLoaded):
+            self.published.loaded(event.instance, event.version)
         for action in self.controller.handle(event):
             self._act(action)
 
@@ -451,6 +455,7 @@ class LocalRuntime:
             case MoveInstance():
                 self.learner_worker.inbox.put(("move", (action.instance, action.role)))
             case SyncWeights():
+                self.published.requested(action.instance, action.version)
                 self.gen_workers[action.instance].inbox.put(("sync", action.version))
             case RunTool():
                 self.tool_workers[action.runner].inbox.put(("call", action.sample))
