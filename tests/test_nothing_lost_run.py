@@ -56,15 +56,22 @@ def descendants(pid: int) -> list[int]:
 def kill_worker_after_a_checkpoint(tmp_path, name: str) -> tuple[int, str]:
     """Start the run, SIGKILL its worker process `name` once a checkpoint of step >= 4 exists;
     returns (exit code, stderr)."""
-    process = subprocess.Popen(command(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return kill_worker_once_saved(command(tmp_path), tmp_path / "ck", 4, name)
+
+
+def kill_worker_once_saved(run: list[str], checkpoints: Path, step: int, name: str, start_s: float = 240,
+                           end_s: float = 120, cwd=None) -> tuple[int, str]:
+    """Start `run`, SIGKILL its worker process `name` once a checkpoint of step >= `step` is in
+    `checkpoints` (within `start_s`); returns (exit code, stderr) of the run, which has `end_s` to end."""
+    process = subprocess.Popen(run, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=cwd)
     try:
-        deadline = time.time() + 240
-        while max(steps_saved(tmp_path / "ck"), default=0) < 4 and time.time() < deadline and process.poll() is None:
+        deadline = time.time() + start_s
+        while max(steps_saved(checkpoints), default=0) < step and time.time() < deadline and process.poll() is None:
             time.sleep(0.02)
         worker = worker_process(process.pid, name)
         assert process.poll() is None and worker is not None, "the run ended before its worker was killed"
         os.kill(worker, signal.SIGKILL)
-        _, err = process.communicate(timeout=120)
+        _, err = process.communicate(timeout=end_s)
     finally:
         if process.poll() is None:
             process.kill()

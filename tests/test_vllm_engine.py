@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -196,31 +195,16 @@ def test_aspc_run_trains_through_vllm_with_the_mismatch_in_every_row(tmp_path, s
         assert len(compared) == 3
 
 
-def descendant_named(pid: int, name: str) -> int | None:
-    from test_nothing_lost_run import worker_process
-
-    return worker_process(pid, name)
-
-
 def test_a_killed_engine_process_stops_the_run_naming_it_and_keeps_every_finished_step(tmp_path):
+    from test_nothing_lost_run import kill_worker_once_saved
+
     path = write_pipeline(tmp_path, "sync")
     metrics, checkpoints = tmp_path / "m.jsonl", tmp_path / "ck"
-    process = subprocess.Popen([sys.executable, "-m", "aspc.cli.main", "run", str(path), "--steps", "200",
-                                "--warmstart", "0", "--metrics", str(metrics), "--checkpoint", str(checkpoints),
-                                "--checkpoint-every", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True, cwd=tmp_path)
-    try:
-        deadline = time.time() + 300
-        while time.time() < deadline and process.poll() is None and not (checkpoints / "step-000002").is_dir():
-            time.sleep(0.05)
-        engine = descendant_named(process.pid, "aspc gen[0]")
-        assert process.poll() is None and engine is not None, "the run ended before its engine was killed"
-        os.kill(engine, signal.SIGKILL)
-        _, err = process.communicate(timeout=180)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 1, err[-3000:]
+    code, err = kill_worker_once_saved([sys.executable, "-m", "aspc.cli.main", "run", str(path), "--steps", "200",
+                                        "--warmstart", "0", "--metrics", str(metrics), "--checkpoint",
+                                        str(checkpoints), "--checkpoint-every", "1"],
+                                       checkpoints, 2, "aspc gen[0]", start_s=300, end_s=180, cwd=tmp_path)
+    assert code == 1, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     found = re.search(r"generation instance 0 failed: the process of gen\[0\] died \(signal 9\); checkpoint of "
                       r"step (\d+)", err)

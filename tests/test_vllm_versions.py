@@ -71,3 +71,7 @@ def test_the_plugin_registers_through_the_entry_point_group_vllm_loads():
     assert parameters(register) >= {"name", "module_path_or_cls", "class_name"}
     assert "vllm.general_plugins" in src.texts["vllm.plugins"]
     assert '[project.entry-points."vllm.general_plugins"]' in (ROOT / "pyproject.toml").read_text()
+    from aspc.backends.vllm.gloo_transfer import BACKEND
+    from aspc.platforms import PLATFORMS
+
+    assert PLATFORMS["cpu"].weight_transfer == BACKEND  # the CPU engine asks vLLM for the name the plugin registers

@@ -32,11 +32,13 @@ import math
 from pathlib import Path
 
 from aspc.backends.vllm.engine import engine_options
+from aspc.backends.vllm.transfer import TRANSFER_CALLS
 from aspc.controller.kinds import JUDGE_VERDICT_TOKENS
 from aspc.costmodel.roofline import parameters
 from aspc.ir.facts import GIB, hardware_table
 from aspc.ir.memory import generation_need
 from aspc.plan.execution_plan import ExecutionPlan, ModelPlan, StagePlan
+from aspc.platforms import NPU
 
 JUDGE_RUBRIC_TOKENS = 1024  # room for the rubric around the prompt and the response
 JUDGE_MEMORY = 0.9
@@ -54,9 +56,6 @@ RL_ENV = {"VLLM_ASCEND_ENABLE_NZ": "0"}
 # Colocated engines take their weights by NPU IPC: collective_rpc passes the handles' dtypes and
 # storage classes to the engine's workers only pickled (vllm/v1/serial_utils.py)
 IPC_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
-
-# The LLM methods that refresh weights, in the order the driver calls them (vllm/entrypoints/llm.py).
-TRANSFER_CALLS = ["init_weight_transfer_engine", "start_weight_update", "update_weights", "finish_weight_update"]
 
 
 def placeholder_checkpoint(model: ModelPlan) -> str:
@@ -165,8 +164,8 @@ def engine_limits(options: dict) -> tuple[int, float]:
 
 
 def transfer_backend(stage: StagePlan) -> str:
-    """npu_ipc between processes on the same NPUs (colocated), hccl across pools."""
-    return "npu_ipc" if stage.placement == "time_shared" else "hccl"
+    """npu_ipc between processes on the same NPUs (colocated), the platform's (hccl) across pools."""
+    return "npu_ipc" if stage.placement == "time_shared" else NPU.weight_transfer
 
 
 def weight_refresh(stage: StagePlan) -> dict:

@@ -36,6 +36,7 @@ import torch
 
 from aspc.backends.ascend import reshard
 from aspc.backends.ascend.groups import process_groups, rank_coords
+from aspc.backends.vllm import transfer
 from aspc.ir.facts import ModelArch
 from aspc.ir.graph import Parallel
 
@@ -183,10 +184,9 @@ def gather_hf(arch: ModelArch, local: dict, train: Parallel, comm: Communicator,
 
 
 def update_info(tensors: dict[str, torch.Tensor]) -> dict:
-    """vllm-ascend's HCCLWeightTransferUpdateInfo fields for these tensors, in sending order."""
-    names = sorted(tensors)
-    return {"names": names, "dtype_names": [str(tensors[n].dtype).removeprefix("torch.") for n in names],
-            "shapes": [list(tensors[n].shape) for n in names], "packed": False}
+    """vllm-ascend's HCCLWeightTransferUpdateInfo fields for these tensors, in sending order: every
+    backend's (aspc/backends/vllm/transfer.py), unpacked."""
+    return {**transfer.update_info(tensors), "packed": False}
 
 
 def send_hf(tensors: dict[str, torch.Tensor], comm: Communicator, group: list[int]) -> None:
@@ -279,9 +279,7 @@ class WeightSender:
     dropped (the staleness bound says how many an instance may still ask for)."""
 
     def __init__(self, send: Callable[[dict, int], None], keep: int = 2):
-        import threading
-
-        self.send, self.threading = send, threading
+        self.send = send
         self.staged = StagedVersions(keep)
 
     def publish(self, version: int, tensors: dict):
@@ -289,23 +287,9 @@ class WeightSender:
 
     def start(self, version: int, instance: int):
         tensors = self.staged.get(version)
-        errors: list = []
+        return transfer.send_on_thread(lambda: self.send(tensors, instance), f"send-v{version}-to-{instance}")
 
-        def run():
-            try:
-                self.send(tensors, instance)
-            except Exception as error:  # re-raised on the engine's side by wait()
-                errors.append(error)
-
-        thread = self.threading.Thread(target=run, name=f"send-v{version}-to-{instance}", daemon=True)
-        thread.start()
-        return thread, errors
-
-    def wait(self, pending) -> None:
-        thread, errors = pending
-        thread.join()
-        if errors:
-            raise errors[0]
+    wait = staticmethod(transfer.wait_sent)
 
     def __reduce__(self):
         """Leaving its process, a sender becomes a handle to the Ray actor that holds it (trainer rank

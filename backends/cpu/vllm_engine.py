@@ -16,15 +16,17 @@ from pathlib import Path
 from aspc.backends.cpu.generator import PolicyWeights
 from aspc.backends.cpu.hf_weights import to_hf
 from aspc.backends.vllm.engine import VllmEngine, engine_options
-from aspc.backends.vllm.gloo_transfer import BACKEND as GLOO, GlooSender
+from aspc.backends.vllm.gloo_transfer import GlooSender
+from aspc.backends.vllm.transfer import TRANSFER_CALLS
 from aspc.plan.execution_plan import ExecutionPlan, StagePlan
+from aspc.platforms import PLATFORMS
+
+CPU = PLATFORMS["cpu"]  # gloo: the plugin's backend name (gloo_transfer.BACKEND)
 
 INSTALL = "pip install -e '.[vllm]' && pip uninstall -y torchvision torchaudio torchcodec"
-TRANSFER_CALLS = ["init_weight_transfer_engine", "start_weight_update", "update_weights", "finish_weight_update"]
 KV_BYTES_FLOOR = 1 << 20  # the KV cache's least size
 CPU_BLOCK = 128  # vLLM-CPU's KV block, in tokens, unless block_size is given (vllm/platforms/cpu.py)
-# the engine core in this process (Platform.engine_in_process); vLLM's start-up notes only when asked for
-ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
+ENV = {"VLLM_LOGGING_LEVEL": "WARNING"}  # vLLM's start-up notes only when asked for
 
 
 def missing_vllm() -> str | None:
@@ -53,7 +55,7 @@ def launch_of(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None, slot
               "max_num_seqs": slots, "enforce_eager": True, "distributed_executor_backend": "uni",
               "kv_cache_memory_bytes": kv_cache_bytes(model.arch, slots, max_model_len),
               "load_format": "dummy",  # the first refresh brings the learner's weights
-              "weight_transfer_config": {"backend": GLOO}, **engine_options(max_model_len)}
+              "weight_transfer_config": {"backend": CPU.weight_transfer}, **engine_options(max_model_len)}
     if model.arch.tied:  # a head of its own, refreshed as lm_head.weight (see `hf_tensors`)
         config["hf_overrides"] = {"tie_word_embeddings": False}
     sampling = {"temperature": options["temperature"], "top_p": options["top_p"], "max_tokens": options["max_tokens"]}
@@ -99,7 +101,6 @@ class CpuVllmEngine(VllmEngine):
     def _ready(self) -> None:
         """Start the engine, form its weight-transfer group and load the first weights (once)."""
         if self.sender is None:
-            os.environ.update(self.env)  # before vLLM is imported: it reads its logging level then
             self.sender = GlooSender()
             self.sender.connect(self)
         if self.initial is not None:

@@ -64,6 +64,12 @@ def engine_options(max_model_len: int) -> dict:
             "max_num_batched_tokens": max(max_model_len, DEFAULT_BATCHED_TOKENS)}
 
 
+def in_process_env(platform: Platform) -> dict:
+    """The engine core in the caller's process where the platform's row says so (with the launch's
+    uniprocess executor: `distributed_executor_backend="uni"`)."""
+    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if platform.engine_in_process else {}
+
+
 DEFAULT_BATCHED_TOKENS = 8192  # vLLM's own default budget of tokens per step (vllm/config/scheduler.py)
 
 
@@ -115,7 +121,8 @@ class VllmEngine:
                  platform: str = "npu"):
         """`env`: what the engine's process needs in its environment (the launch plan's process
         environment, e.g. VLLM_ASCEND_ENABLE_NZ=0), set when vLLM starts: its processes inherit it."""
-        self.launch, self.api, self._llm, self.env = launch, api, None, dict(env or {})
+        self.platform: Platform = PLATFORMS[platform]
+        self.launch, self.api, self._llm, self.env = launch, api, None, {**in_process_env(self.platform), **(env or {})}
         self.sampling = dict(launch["micro_batching"]["sampling"])
         self.slots = launch["config"]["max_num_seqs"]
         self.instance = instance
@@ -124,7 +131,6 @@ class VllmEngine:
         self.version = 0  # of the weights loaded last
         self.refresh = launch["micro_batching"]["weight_refresh"] or {"calls": []}
         self.connected = self.asleep = False
-        self.platform: Platform = PLATFORMS[platform]
         self.stop_token_ids: tuple = ()  # ends every request besides the model's own end of sequence
 
     @property
@@ -132,8 +138,8 @@ class VllmEngine:
         """The engine, started on first use: inside the actor that holds this instance, so the
         driver can hand the actor an unstarted copy."""
         if self._llm is None:
-            self.api = self.api or vllm_api()
             with engine_environment(self.env, self.platform.placement_env):
+                self.api = self.api or vllm_api()  # imported here: vLLM reads VLLM_* variables as it loads
                 self._llm = self.api.LLM(**self.launch["config"])
         return self._llm
 

@@ -19,6 +19,8 @@ from datetime import timedelta
 
 import torch
 
+from aspc.backends.vllm.transfer import send_on_thread, update_info, wait_sent
+
 BACKEND = "gloo"
 PREFIX = "aspc-weights"
 TIMEOUT = timedelta(seconds=600)  # a refresh of a big model over loopback, or a slow engine start
@@ -53,13 +55,6 @@ def broadcast(group, tensor: torch.Tensor) -> torch.Tensor:
     options.rootRank = 0
     group.broadcast([tensor], options).wait()
     return tensor
-
-
-def update_info(tensors: dict[str, torch.Tensor]) -> dict:
-    """What each engine worker receives (gloo_worker.GlooUpdateInfo), in sending order."""
-    names = sorted(tensors)
-    return {"names": names, "dtype_names": [str(tensors[n].dtype).removeprefix("torch.") for n in names],
-            "shapes": [list(tensors[n].shape) for n in names]}
 
 
 class GlooSender:
@@ -103,21 +98,11 @@ class GlooSender:
         return PublishedWeights(version, update_info(staged), self)
 
     def start(self, version: int, instance: int):
-        tensors, errors = self.staged[version], []
+        tensors = self.staged[version]
+        return send_on_thread(lambda: self._broadcast(tensors), f"gloo-send-v{version}")
 
-        def run():
-            try:
-                for name in update_info(tensors)["names"]:
-                    broadcast(self.group, tensors[name])
-            except Exception as error:  # re-raised on the engine's side by wait()
-                errors.append(error)
+    def _broadcast(self, tensors: dict[str, torch.Tensor]) -> None:
+        for name in update_info(tensors)["names"]:
+            broadcast(self.group, tensors[name])
 
-        thread = threading.Thread(target=run, name=f"gloo-send-v{version}", daemon=True)
-        thread.start()
-        return thread, errors
-
-    def wait(self, pending) -> None:
-        thread, errors = pending
-        thread.join()
-        if errors:
-            raise errors[0]
+    wait = staticmethod(wait_sent)
