@@ -80,6 +80,12 @@ class ForwardModel(Protocol):
     def score(self, rollouts: list) -> None: ...  # sets each rollout's reward
 
 
+class ReferenceModel(Protocol):
+    """A reference stage on executors apart from the trainer's: its own frozen reference model."""
+
+    def reference(self, rollouts: list) -> None: ...  # sets each rollout's ref_logprobs
+
+
 class Judge(Protocol):
     """Generates a verdict per rollout and sets its reward; raises when a call fails. The driver
     calls it under the source's failure policy (aspc/controller/scoring.py), one call per sample,
@@ -116,6 +122,8 @@ class Executors(Protocol):
     def forward_model(self, stage: str, instance: int) -> ForwardModel: ...
 
     def judge(self, stage: str, instance: int) -> Judge: ...
+
+    def reference_model(self, stage: str, instance: int) -> ReferenceModel: ...
 
     def tools(self) -> ToolRunner: ...  # the environment's tools (plans with an environment stage)
 

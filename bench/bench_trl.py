@@ -18,13 +18,10 @@ Sides (--sides, any of):
   asp   the same with --schedule asp.
 
 Held-out metric: greedy accuracy (numeric_match) on the prompts aspc's own held-out line measures:
-PromptSource index 2*10**7 + i for i < 128 (backends/cpu/evaluate.py HELD_OUT, aspc/cli/run.py
-HELD_OUT_PROMPTS), decoded by aspc's HfTokenizer (up to the first end-of-sequence id, without special
-tokens) with at most max_response new tokens. NOTE: for a JSONL file those are 128 rows of one more
-seeded shuffle of the same 256 rows, so they are *not* disjoint from the rows training visits
-(aspc defines no disjoint split for a JSONL source). --heldout tail measures the last --heldout-count
-rows of the file instead and leaves them out of TRL's training rows (aspc cannot be told to skip
-them, so use it for TRL-only runs). TRL measures it before step 1, every --eval-every steps and
+PromptSource index 2*10**7 + i (aspc/rl/data.py HELD_OUT; a JSONL file's held-out rows, a quarter of
+the file at most 128, which neither side trains on: both train on aspc's training rows), decoded by
+aspc's HfTokenizer (up to the first end-of-sequence id, without special tokens) with at most
+max_response new tokens. TRL measures it before step 1, every --eval-every steps and
 after the last; aspc prints it only before RL and after the last step (that is what the aspc
 columns hold; its time-to-threshold is then known only at those two points).
 
@@ -65,7 +62,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINE = "pipelines/optional/smollm2_arith.aspl"
-HELD_OUT_INDEX = 2 * 10**7  # backends/cpu/evaluate.py HELD_OUT
+HELD_OUT_INDEX = 2 * 10**7  # aspc/rl/data.py HELD_OUT
 HELD_OUT_PROMPTS = 128      # aspc/cli/run.py HELD_OUT_PROMPTS
 EVAL_BATCH = 64             # backends/cpu/evaluate.py: the greedy generator's slots
 SKIP_STEPS = 2              # steps left out of the medians (start-up, first-touch allocations)
@@ -158,7 +155,7 @@ def run_trl(args, task: dict, out) -> dict:
     import trl
     import transformers
 
-    from aspc.rl.data import Prompt, PromptSource
+    from aspc.rl.data import PromptSource
     from aspc.rl.hf_tokenizer import HfTokenizer
     from aspc.rl.rewards import RULES
 
@@ -166,22 +163,9 @@ def run_trl(args, task: dict, out) -> dict:
     model_dir = Path(args.model)
     hf_tok = HfTokenizer(model_dir)
     source = PromptSource("jsonl", str(task["data"]), task["seed"], task["max_response"], None, hf_tok)
-    rows = len(source.rows)
     per_step = task["prompts_per_step"]
-    if args.heldout == "aspc":
-        held = [source(HELD_OUT_INDEX + i) for i in range(args.heldout_count)]
-        train = [source(i) for i in range(args.steps * per_step)]  # aspc's data_row(step, p) = step*stride + p
-    else:  # the last rows of the file, never trained on by TRL
-        held_lines = {line for line, _ in source.rows[-args.heldout_count:]}
-        held = [Prompt(row["prompt"], hf_tok.prompt_ids(row["prompt"]), row.get("answer"), row.get("metadata") or {})
-                for _, row in source.rows[-args.heldout_count:]]
-        train, index = [], 0
-        while len(train) < args.steps * per_step:
-            epoch, offset = divmod(index, rows)
-            prompt = source(index)
-            index += 1
-            if _line_of(source, epoch, offset) not in held_lines:
-                train.append(prompt)
+    held = [source(HELD_OUT_INDEX + i) for i in range(source.held_out_count(args.heldout_count))]
+    train = [source(i) for i in range(args.steps * per_step)]  # aspc's data_row(step, p) = step*stride + p
     longest = max(len(p.ids) for p in train)
     if longest > task["max_prompt"]:
         raise SystemExit(f"a training prompt has {longest} tokens, over max_prompt = {task['max_prompt']} "
@@ -209,7 +193,7 @@ def run_trl(args, task: dict, out) -> dict:
         acc = evaluate(model)
         row = {"side": "trl", "eval": True, "step": step, "heldout_acc": round(acc, 4),
                "eval_s": round(time.perf_counter() - t, 2), "train_s": round(clock["train_s"], 2),
-               "heldout": f"{args.heldout}:{len(held)}"}
+               "heldout": f"aspc:{len(held)}"}
         evals.append(row)
         out.write(json.dumps(row) + "\n")
         out.flush()
@@ -260,7 +244,7 @@ def run_trl(args, task: dict, out) -> dict:
     trainer = GRPOTrainer(model=str(model_dir), reward_funcs=[numeric_match_reward], args=config,
                           train_dataset=dataset, processing_class=tokenizer, callbacks=[Timer()])
     print(f"trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} thread(s); {len(train)} training prompts, held-out {args.heldout} "
+          f"{torch.get_num_threads()} thread(s); {len(train)} training prompts, held-out "
           f"({len(held)} prompts)", flush=True)
     trainer.train()
     summary = summarize("trl", rows_out, evals, args.threshold)
@@ -275,16 +259,10 @@ def _text_of(prompt) -> str:
     return prompt[-1]["content"] if isinstance(prompt, list) else prompt
 
 
-def _line_of(source, epoch: int, offset: int) -> int:
-    import random
-    order = list(range(len(source.rows)))
-    random.Random(f"{source.seed}/{epoch}").shuffle(order)  # aspc.rl.data.PromptSource.__call__
-    return source.rows[order[offset]][0]
-
-
 # ---------------------------------------------------------------- aspc
 
-HELD_LINE = re.compile(r"held-out accuracy \(greedy, (\d+) prompts[^)]*\): ([\d.]+) (?:before RL|after the warm start|"
+HELD_LINE = re.compile(r"held-out accuracy \(greedy, up to (\d+) prompts[^)]*\): ([\d.]+) "
+                       r"(?:before RL|after the warm start|"
                        r"at step \d+) -> ([\d.]+) after step (\d+)")
 
 
@@ -332,11 +310,11 @@ def run_aspc(args, schedule: str, out) -> dict:
     evals = []
     held = HELD_LINE.search(text)
     if held:
-        count, before, after, step = int(held.group(1)), float(held.group(2)), float(held.group(3)), int(held.group(4))
+        before, after, step = float(held.group(2)), float(held.group(3)), int(held.group(4))
         train_s = rows_out[-1]["train_s"] if rows_out else 0.0
         for at, acc, t in ((0, before, 0.0), (step, after, train_s)):
             row = {"side": f"aspc-{schedule}", "eval": True, "step": at, "heldout_acc": acc, "train_s": t,
-                   "heldout": f"aspc:{count}"}
+                   "heldout": "aspc"}  # the line says "up to N": the same held-out rows as TRL's
             evals.append(row)
             out.write(json.dumps(row) + "\n")
     else:
@@ -436,8 +414,6 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-every", type=int, default=5,
                         help="TRL held-out evaluation every N steps, plus before step 1 and after the last (0: off)")
-    parser.add_argument("--heldout", choices=("aspc", "tail"), default="aspc",
-                        help="aspc: the prompts aspc's held-out line measures; tail: the last rows of the file")
     parser.add_argument("--heldout-count", type=int, default=HELD_OUT_PROMPTS)
     parser.add_argument("--threshold", type=float, default=0.3, help="held-out accuracy for the time-to-threshold")
     parser.add_argument("--out", default="runs/bench_trl/results.jsonl", help="JSON lines output")
@@ -464,7 +440,7 @@ def main(argv=None) -> None:
     summaries = []
     with open(args.out, "w") as out:
         out.write(json.dumps({"task": {k: str(v) for k, v in task.items()}, "steps": args.steps, "sides": sides,
-                              "threads": args.threads, "heldout": args.heldout,
+                              "threads": args.threads,
                               "heldout_count": args.heldout_count}) + "\n")
         for side in sides:  # TRL first: its RUSAGE_SELF peak is then its own
             summary = run_trl(args, task, out) if side == "trl" else run_aspc(args, side, out)

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from aspc.rl.data import DataError, PromptSource
+from aspc.rl.data import HELD_OUT, DataError, PromptSource
 from aspc.backends.cpu.generator import BatchGenerator
 from aspc.rl.losses import gae, group_advantages, overlong_penalty, policy_loss
 from aspc.backends.cpu.model import KVCache, TinyQwen, cache_mask, causal_mask
@@ -116,3 +116,16 @@ def test_jsonl_errors_name_the_line(tmp_path):
         PromptSource("jsonl", "d.jsonl", 0, 8, tmp_path)
     path.write_text('{"prompt": "1+1=", "answer": "2"}\n')
     assert PromptSource("jsonl", "d.jsonl", 0, 8, tmp_path)(5).answer == "2"
+
+
+@pytest.mark.parametrize("rows", [3, 40, 256, 1000])
+def test_a_jsonl_file_holds_out_rows_no_step_trains_on(tmp_path, rows):
+    """A quarter of the rows (at most 128; none of a file under 4 rows) are held out for evaluation,
+    the same rows for every data seed, and no training index in any epoch reads one."""
+    (tmp_path / "d.jsonl").write_text("".join(f'{{"prompt": "{i}+0=", "answer": "{i}"}}\n' for i in range(rows)))
+    sources = [PromptSource("jsonl", "d.jsonl", seed, 8, tmp_path) for seed in (0, 7)]
+    held = [{sources[k](HELD_OUT + i).answer for i in range(sources[k].held_out_count(128))} for k in (0, 1)]
+    assert held[0] == held[1] and len(held[0]) == (min(128, rows // 4) or rows)  # a tiny file: its own rows
+    trained = {sources[0](i).answer for i in range(3 * rows)}
+    assert trained.isdisjoint(held[0]) == (rows >= 4)
+    assert len(trained) == rows - (min(128, rows // 4))

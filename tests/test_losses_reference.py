@@ -226,9 +226,14 @@ def test_log_probs_and_entropy_are_at_the_sampling_temperature():
     entropy_from_logits."""
     logits = torch.randn(2, 7, 11, generator=G)
 
-    def model(tokens, positions, mask):
-        return logits
+    class Model:  # the head is the identity: the hidden states are the logits
+        def hidden_states(self, tokens, positions, mask):
+            return logits
 
+        def logits(self, hidden):
+            return hidden
+
+    model = Model()
     batch = make_batch([([1, 2, 3], [4, 5, 6, 7]), ([1, 2], [8, 9])])
     logp, entropy = token_logprobs(model, batch, temperature=0.7)
     scaled = logits / 0.7
@@ -241,6 +246,29 @@ def test_log_probs_and_entropy_are_at_the_sampling_temperature():
             expected_entropy = torch.logsumexp(scaled[row, position], -1) - (probs * scaled[row, position]).sum()
             assert float(logp[row, t]) == pytest.approx(float(expected), abs=TOL)
             assert float(entropy[row, t]) == pytest.approx(float(expected_entropy), abs=1e-5)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_head_over_response_positions_equals_the_head_over_every_position(tied):
+    """token_logprobs applies the output head to the response positions only (TRL's logits_to_keep):
+    the log-probs and the gradient equal those of the head over the whole sequence."""
+    model = TinyQwen(ModelArch(layers=1, hidden=16, heads=2, kv_heads=1, head_dim=8, ffn=32, vocab=32,
+                               tied=tied, max_seq=32), seed=0)
+    batch = make_batch([([1, 2, 3], [4, 5, 6, 7]), ([1, 2], [8, 9]), ([3] * 5, [7])])
+    logp, _ = token_logprobs(model, batch, temperature=0.7)
+    logp.sum().backward()
+    fast = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    full = torch.log_softmax(model(batch.tokens, batch.positions, batch.mask) / 0.7, -1)
+    targets = torch.roll(batch.tokens, -1, dims=1)
+    total = torch.zeros(())
+    for row, (start, length) in enumerate(zip(batch.starts, batch.lengths)):
+        expected = full[row, start:start + length].gather(-1, targets[row, start:start + length, None]).squeeze(-1)
+        assert torch.allclose(logp[row, :length], expected, atol=1e-6)
+        total = total + expected.sum()
+    total.backward()
+    for name, p in model.named_parameters():
+        assert torch.allclose(fast[name], p.grad, atol=1e-5), name
 
 
 # ---- value loss ---------------------------------------------------------------------------------

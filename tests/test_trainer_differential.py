@@ -176,9 +176,12 @@ def plan_with(tmp_path, options: str, tp: int = 1):
 @pytest.mark.parametrize("options, tp, option", [("epochs = 2", 1, "epochs"),
                                                  ("entropy_coef = 0.01", 2, "entropy_coef")])
 def test_what_the_megatron_trainer_cannot_honour_is_refused_at_the_option(tmp_path, options, tp, option):
-    refused = AscendExecutors.unsupported(plan_with(tmp_path, options, tp), runtime=None)
+    def trainers(plan):  # on 4 CPUs the placement pass gives the reference a device of its own (refused too)
+        return [r for r in AscendExecutors.unsupported(plan, runtime=None) if r.stage == "update"]
+
+    refused = trainers(plan_with(tmp_path, options, tp))
     assert [r.option for r in refused] == [option], refused
-    assert AscendExecutors.unsupported(plan_with(tmp_path, "entropy_coef = 0.01"), runtime=None) == []  # tp = 1
+    assert trainers(plan_with(tmp_path, "entropy_coef = 0.01")) == []  # tp = 1
 
 
 def test_a_launch_plan_or_dry_run_refuses_what_the_megatron_trainer_cannot_honour(aspc, tmp_path):

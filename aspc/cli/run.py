@@ -246,7 +246,7 @@ class _Session:
         start = self.runtime.start_version
         before = f"at step {start}" if start else "after the warm start" if self.request.warmstart_steps else \
             "before RL"
-        return (f"held-out accuracy (greedy, {HELD_OUT_PROMPTS} prompts no step trains on, verified by "
+        return (f"held-out accuracy (greedy, up to {HELD_OUT_PROMPTS} prompts no step trains on, verified by "
                 f"{self.verifier}): {self.accuracy_before:.3f} {before} -> {after:.3f} after step "
                 f"{self.request.steps}")
 

@@ -176,6 +176,12 @@ class ExecutionPlan:
     def pool(self, name: str) -> PoolPlan:
         return next(p for p in self.pools if p.name == name)
 
+    def beside_trainer(self, stage: StagePlan) -> bool:
+        """Whether the stage shares devices with the train stage (so the runtime runs it on the
+        trainer's executor), or has executors of its own."""
+        train = self.stages_of("train")[0]
+        return stage.pool == train.pool and bool(set(stage.instances[0].devices) & set(train.instances[0].devices))
+
     def to_json(self) -> str:
         doc = {"format": PLAN_FORMAT, "version": PLAN_VERSION, **jsonable(self)}
         return json.dumps(doc, indent=2, sort_keys=True) + "\n"

@@ -116,6 +116,8 @@ class AscendExecutors:
                                           "remove engine = aspc, or run with --backend cpu", "engine"))
             if stage.kind == "critic":
                 found += critic_refusals(plan, stage)
+            if stage.kind == "reference":
+                found += reference_refusals(plan, stage)
             if stage.kind == "reward":
                 found += scorer_refusals(plan, stage)
             if stage.kind == "train":
@@ -291,6 +293,11 @@ class AscendExecutors:
             self.scorers[key] = stage_scorer(self, stage, instance)
         return self.scorers[key]
 
+    def reference_model(self, stage: str, instance: int):
+        """Never reached: a reference apart from the trainer's NPUs is refused before the run
+        (reference_refusals)."""
+        raise ValueError(reference_refusals(self.plan, self.plan.stage(stage))[0].message)
+
     def judge(self, stage: str, instance: int):
         """Instance `instance` of reward stage `stage` with a judge(...) source: the same scorer, its
         judge term the verdict judge over a vllm-ascend engine in its own process (scorers.py)."""
@@ -413,6 +420,18 @@ class AscendExecutors:
 
     def _rank0(self):
         return next(p for p in self.launch.processes if p.stage == self.train_stage.name and p.rank == 0)
+
+
+def reference_refusals(plan: ExecutionPlan, stage) -> list[StageRefusal]:
+    """The NPU reference is a megatron forward built in the train stage's processes (lowering's
+    in_trainer): it must share the train stage's pool and NPUs."""
+    if plan.beside_trainer(stage):
+        return []
+    train = plan.stages_of("train")[0]
+    return [StageRefusal(stage.name, f"stage '{stage.name}': the NPU reference is computed in the train stage's "
+                                     "processes, on their NPUs, but the plan places it elsewhere",
+                         f"put the reference on the train stage's pool '{train.pool}' (the same NPUs), or run "
+                         "with --backend cpu", "placement")]
 
 
 def trainer_refusals(stage) -> list[StageRefusal]:

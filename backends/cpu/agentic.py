@@ -14,6 +14,7 @@ import copy
 
 from aspc.backends.cpu.episodes import Environment, EpisodeGenerator
 from aspc.controller.episodes import MASKED, EpisodePolicy
+from aspc.rl.data import HELD_OUT
 from aspc.rl.host import Tools, final_answer
 from aspc.rl.tokenizer import EOS, decode, encode
 from aspc.rl.tool_calls import compact_observation
@@ -65,9 +66,8 @@ def evaluate_episodes(model, prompts, tools: Tools, env: Environment, reward_fn,
                       max_tokens: int) -> dict:
     """Greedy episodes on held-out prompts: the verified accuracy of the final answers, the
     fraction that made a valid tool call, and the fraction whose call got the right number."""
-    from aspc.backends.cpu.evaluate import HELD_OUT
-
     generator = EpisodeGenerator(copy.deepcopy(model).eval(), 64, max_tokens, 0.0, 1.0, False, env)
+    count = prompts.held_out_count(count)  # a JSONL file's held-out rows may be fewer
     items = {i: prompts(HELD_OUT + i) for i in range(count)}
     for i, p in items.items():
         generator.add(i, p.ids, seed=i)

@@ -48,7 +48,8 @@ def token_logprobs(model: TinyQwen, batch: Batch, temperature: float = 1.0) -> t
     """Log-probabilities of the response tokens, and the entropy at each response position, of the
     distribution the tokens were sampled from: the logits divided by the sampling temperature (as
     TRL and verl do; temperature 0, greedy, reads the plain logits)."""
-    logits = gather_responses(model(batch.tokens, batch.positions, batch.mask), batch)
+    hidden = gather_responses(model.hidden_states(batch.tokens, batch.positions, batch.mask), batch)
+    logits = model.logits(hidden)  # the head over response positions only (TRL's logits_to_keep)
     targets = gather_responses(torch.roll(batch.tokens, -1, dims=1), batch)
     logp_all = torch.log_softmax(logits.float() / (temperature or 1.0), -1)
     logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)

@@ -4,14 +4,14 @@ from __future__ import annotations
 import copy
 
 from aspc.backends.cpu.generator import BatchGenerator
+from aspc.rl.data import HELD_OUT
 from aspc.rl.tokenizer import CHARS
-
-HELD_OUT = 2 * 10**7  # prompt indices far from both the RL run and the warm start
 
 
 def greedy_accuracy(model, prompts, reward_fn, count: int = 128, max_tokens: int = 24, tokenizer=CHARS) -> float:
     generator = BatchGenerator(copy.deepcopy(model).eval(), slots=64, max_tokens=max_tokens, temperature=0.0,
                                eos_ids=tokenizer.eos_ids)
+    count = prompts.held_out_count(count)  # a JSONL file's held-out rows may be fewer
     items = {i: prompts(HELD_OUT + i) for i in range(count)}
     for i, p in items.items():
         generator.add(i, p.ids, seed=i)

@@ -13,7 +13,7 @@ from aspc.backends.cpu.generator import BatchGenerator, PolicyWeights
 from aspc.backends.cpu.hf_weights import load_hf_model
 from aspc.backends.cpu.judge import TRAIN_HINT as JUDGE_HINT
 from aspc.backends.cpu.judge import load_judge
-from aspc.backends.cpu.learner import Learner
+from aspc.backends.cpu.learner import Learner, ReferencePass
 from aspc.backends.cpu.model import TinyQwen
 from aspc.backends.cpu.reward_model import TRAIN_HINT, checkpoint_path, load_reward_model
 from aspc.backends.cpu.scoring import build_terms
@@ -58,6 +58,7 @@ class CpuExecutors:
         self.reward_models = self._load_reward_models()  # fails early: a missing checkpoint, a bad file
         self.scorers: dict[tuple[str, int], RewardScorer] = {}
         self.judges: dict[tuple[str, int], JudgeScorer] = {}
+        self.references: dict[tuple[str, int], ReferencePass] = {}
         self.learner: Learner | None = None
         self.environment = agentic.environment(self.env_stage) if self.env_stage is not None else None
 
@@ -112,6 +113,15 @@ class CpuExecutors:
             models = {name: copy.deepcopy(model) for name, model in self.reward_models.items()}
             self.scorers[key] = RewardScorer(build_terms(sources, models, self.base_dir), self.host.shaping())
         return self.scorers[key]
+
+    def reference_model(self, stage: str, instance: int) -> ReferencePass:
+        """Instance `instance` of reference stage `stage` placed apart from the train stage: its own
+        copy of the learner's frozen reference (warm-started; restored from a checkpoint when the
+        run resumed)."""
+        key = (stage, instance)
+        if key not in self.references:
+            self.references[key] = ReferencePass(copy.deepcopy(self.trainer().ref), self._settings())
+        return self.references[key]
 
     def judge(self, stage: str, instance: int) -> JudgeScorer:
         """Instance `instance` of reward stage `stage` with judge(...) sources: the same weighted sum,
@@ -219,6 +229,11 @@ def unsupported_stages(plan: ExecutionPlan) -> list[StageRefusal]:
             found.append(StageRefusal(stage.name, f"stage '{stage.name}': value_clip clips a critic's predictions, "
                                                   "and this pipeline has no critic stage",
                                       "remove value_clip, or add a critic stage", "value_clip"))
+        if stage.kind == "critic" and not plan.beside_trainer(stage):
+            found.append(StageRefusal(stage.name, f"stage '{stage.name}': the critic trains with the policy, in the "
+                                                  "learner, and the plan places it on devices of its own",
+                                      f"put the critic on the train stage's pool '{plan.stages_of('train')[0].pool}'",
+                                      "placement"))
         if stage.kind == "environment" and dict(stage.options)["format"] != "compact":
             found.append(StageRefusal(stage.name, f"stage '{stage.name}': the CPU backend's tiny tokenizer "
                                                   "writes compact tool calls only", "set format = compact",

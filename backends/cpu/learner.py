@@ -40,13 +40,8 @@ class Learner:
     def reward(self, rollouts: list[Rollout]) -> None:
         self.task_reward.score(rollouts)
 
-    @torch.no_grad()
     def reference(self, rollouts: list[Rollout]) -> None:
-        for chunk in self._micro_batches(rollouts):
-            batch = make_batch([(r.prompt, r.response) for r in chunk])
-            logp, _ = token_logprobs(self.ref, batch, self.s.temperature)
-            for r, row, n in zip(chunk, logp, batch.lengths):
-                r.ref_logprobs = row[:n].tolist()
+        reference_logprobs(self.ref, rollouts, self.s)
 
     @torch.no_grad()
     def values(self, rollouts: list[Rollout]) -> None:
@@ -149,12 +144,38 @@ class Learner:
         return PolicyWeights(self.version, copy.deepcopy(self.actor.state_dict()))
 
     def _micro_batch_indices(self, rollouts: list[Rollout]) -> list[list[int]]:
-        lengths = [len(r.prompt) + len(r.response) for r in rollouts]
-        budget = max(self.s.micro_tokens, max(lengths))
-        return first_fit_decreasing(lengths, budget)
+        return micro_batch_indices(rollouts, self.s.micro_tokens)
 
     def _micro_batches(self, rollouts: list[Rollout]) -> list[list[Rollout]]:
         return [[rollouts[i] for i in idx] for idx in self._micro_batch_indices(rollouts)]
+
+
+class ReferencePass:
+    """A reference stage on executors of its own, beside the trainer's (e.g. on the generation
+    pool, whose devices idle between generation bursts): its own frozen copy of the reference model,
+    the learner's micro-batching and temperature."""
+
+    def __init__(self, model, settings: TrainSettings):
+        self.model, self.s = model, settings
+
+    def reference(self, rollouts: list[Rollout]) -> None:
+        reference_logprobs(self.model, rollouts, self.s)
+
+
+def micro_batch_indices(rollouts: list[Rollout], micro_tokens: int) -> list[list[int]]:
+    lengths = [len(r.prompt) + len(r.response) for r in rollouts]
+    return first_fit_decreasing(lengths, max(micro_tokens, max(lengths)))
+
+
+@torch.no_grad()
+def reference_logprobs(model, rollouts: list[Rollout], settings: TrainSettings) -> None:
+    """Sets each rollout's ref_logprobs: the frozen model's log-probs of its response tokens."""
+    for idx in micro_batch_indices(rollouts, settings.micro_tokens):
+        chunk = [rollouts[i] for i in idx]
+        batch = make_batch([(r.prompt, r.response) for r in chunk])
+        logp, _ = token_logprobs(model, batch, settings.temperature)
+        for r, row, n in zip(chunk, logp, batch.lengths):
+            r.ref_logprobs = row[:n].tolist()
 
 
 class _StepStats:

@@ -196,13 +196,14 @@ class LocalRuntime:
                 optimizer.load_state_dict(optimizers[name].state_dict())
 
     def _executor_worker(self, spec) -> ExecutorWorker:
-        """The thread of one learner-side executor: the trainer's (named "learner") or a forward
-        model's; each stage it hosts runs through the role the stage-kind table names."""
+        """The thread of one learner-side executor: the trainer's (named "learner"), a forward
+        model's or a reference's; each stage it hosts runs through the role the stage-kind table names."""
         kinds = {s.name: s.kind for s in self.plan.stages}
         roles = {s.name: s.role for s in self.config.forward_stages}
         hosted = dict(spec.hosts)  # stage -> one instance index of it on these devices
         if self.config.train_stage not in hosted:
-            runners = {stage: self._scorer(roles.get(stage), stage, index) for stage, index in hosted.items()}
+            runners = {stage: self._apart(kinds[stage], roles.get(stage), stage, index)
+                       for stage, index in hosted.items()}
             return ExecutorWorker(spec.name, runners, self._rollouts, self.events, self.clock)
         saver = self._save if self.options.checkpoint_dir else None
         worker = ExecutorWorker("learner", {}, self._rollouts, self.events, self.clock, self.learner, self.weights,
@@ -212,6 +213,13 @@ class LocalRuntime:
         worker.runners.update({stage: self._scorer(roles[stage], stage, hosted[stage])
                                for stage in hosted if roles.get(stage) in SCORERS})
         return worker
+
+    def _apart(self, kind: str, role: str | None, stage: str, index: int):
+        """The call of a stage on an executor without the trainer: a reference's pass on its own
+        frozen copy (e.g. on the generation pool, between bursts), or a scorer's."""
+        if kind == "reference":
+            return self.executors.reference_model(stage, index).reference
+        return self._scorer(role, stage, index)
 
     def _scorer(self, role: str | None, stage: str, index: int):
         """The call that scores a unit of a stage on its own model: a reward model's forward pass
