@@ -115,12 +115,13 @@ class CpuExecutors:
         return self.scorers[key]
 
     def reference_model(self, stage: str, instance: int) -> ReferencePass:
-        """Instance `instance` of reference stage `stage` placed apart from the train stage: its own
-        copy of the learner's frozen reference (warm-started; restored from a checkpoint when the
-        run resumed)."""
+        """Instance `instance` of reference stage `stage` placed apart from the train stage, over the
+        learner's frozen reference (warm-started; restored from a checkpoint when the run resumed).
+        It is shared, not copied: no step changes it, and only this pass reads it (a learner in a
+        worker process has its own copy, which it never runs)."""
         key = (stage, instance)
         if key not in self.references:
-            self.references[key] = ReferencePass(copy.deepcopy(self.trainer().ref), self._settings())
+            self.references[key] = ReferencePass(self.trainer().ref, self._settings())
         return self.references[key]
 
     def judge(self, stage: str, instance: int) -> JudgeScorer:

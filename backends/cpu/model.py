@@ -33,7 +33,7 @@ class KVCache:
     starts at min(max_seq, `reserve`) and doubles as positions need it, up to max_seq: a checkpoint
     whose max_seq is 32k does not hold 32k positions per slot for short sequences."""
 
-    def __init__(self, arch: ModelArch, slots: int, max_seq: int, dtype=torch.float32, reserve: int = 1024):
+    def __init__(self, arch: ModelArch, slots: int, max_seq: int, dtype=torch.float32, reserve: int = 128):
         shape = (slots, arch.kv_heads, min(max_seq, reserve), arch.head_dim)
         self.max_seq = max_seq
         self.k = [torch.zeros(shape, dtype=dtype) for _ in range(arch.layers)]
