@@ -1,5 +1,5 @@
 """A reference stage on devices of its own (the generation pool, whose core idles between bursts):
-the runtime runs it on its own frozen copy of the reference and trains exactly as with the
+the runtime runs it over the learner's frozen reference and trains exactly as with the
 reference beside the trainer; a critic there is refused at its line."""
 import pytest
 

@@ -177,10 +177,12 @@ class ExecutionPlan:
         return next(p for p in self.pools if p.name == name)
 
     def beside_trainer(self, stage: StagePlan) -> bool:
-        """Whether the stage shares devices with the train stage (so the runtime runs it on the
-        trainer's executor), or has executors of its own."""
+        """Whether every instance of the stage shares devices with the train stage (so the runtime
+        runs it on the trainer's executor: ControllerConfig's executors group overlapping
+        placements), or some instance has an executor of its own."""
         train = self.stages_of("train")[0]
-        return stage.pool == train.pool and bool(set(stage.instances[0].devices) & set(train.instances[0].devices))
+        trainer_devices = {d for inst in train.instances for d in inst.devices}
+        return stage.pool == train.pool and all(set(inst.devices) & trainer_devices for inst in stage.instances)
 
     def to_json(self) -> str:
         doc = {"format": PLAN_FORMAT, "version": PLAN_VERSION, **jsonable(self)}

@@ -152,8 +152,8 @@ class Learner:
 
 class ReferencePass:
     """A reference stage on executors of its own, beside the trainer's (e.g. on the generation
-    pool, whose devices idle between generation bursts): its own frozen copy of the reference model,
-    the learner's micro-batching and temperature."""
+    pool, whose devices idle between generation bursts): the frozen reference model it is given,
+    with the learner's micro-batching and temperature."""
 
     def __init__(self, model, settings: TrainSettings):
         self.model, self.s = model, settings

@@ -215,8 +215,8 @@ class LocalRuntime:
         return worker
 
     def _apart(self, kind: str, role: str | None, stage: str, index: int):
-        """The call of a stage on an executor without the trainer: a reference's pass on its own
-        frozen copy (e.g. on the generation pool, between bursts), or a scorer's."""
+        """The call of a stage on an executor without the trainer: a reference's pass over the
+        frozen reference (e.g. on the generation pool, between bursts), or a scorer's."""
         if kind == "reference":
             return self.executors.reference_model(stage, index).reference
         return self._scorer(role, stage, index)
