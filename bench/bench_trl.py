@@ -21,9 +21,13 @@ Held-out metric: greedy accuracy (numeric_match) on the prompts aspc's own held-
 PromptSource index 2*10**7 + i (aspc/rl/data.py HELD_OUT; a JSONL file's held-out rows, a quarter of
 the file at most 128, which neither side trains on: both train on aspc's training rows), decoded by
 aspc's HfTokenizer (up to the first end-of-sequence id, without special tokens) with at most
-max_response new tokens. TRL measures it before step 1, every --eval-every steps and
-after the last; aspc prints it only before RL and after the last step (that is what the aspc
-columns hold; its time-to-threshold is then known only at those two points).
+max_response new tokens. Both sides are measured by this script's evaluator (transformers' greedy
+generate) before step 1, every --eval-every steps and after the last: TRL's model in place between
+steps; aspc's sides save a checkpoint every --eval-every steps (`aspc run --checkpoint-every`), each
+exported as `aspc export` writes it and evaluated after the run. Neither side's training seconds count
+its measuring: TRL's evaluations, aspc's saves (the `checkpoint_s` of its metrics rows, subtracted).
+aspc's own held-out line (its generator, before RL and after the last step) goes into the summary
+beside it as a cross-check (aspc_heldout_before/after).
 
 Per step: seconds, generated tokens/s (completion tokens incl. the EOS token / step seconds), mean
 reward, resident memory. Summary per side: median step time after the first 2 steps (aspc asp:
@@ -54,6 +58,7 @@ import os
 import re
 import resource
 import statistics
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -146,6 +151,18 @@ class HeldOut:
         return right / len(self.prompts)
 
 
+def held_out(args, task: dict) -> HeldOut:
+    """The held-out evaluator both sides are measured with (aspc's held-out rows and reward rule)."""
+    from aspc.rl.data import PromptSource
+    from aspc.rl.hf_tokenizer import HfTokenizer
+    from aspc.rl.rewards import RULES
+
+    hf_tok = HfTokenizer(Path(args.model))
+    source = PromptSource("jsonl", str(task["data"]), task["seed"], task["max_response"], None, hf_tok)
+    held = [source(HELD_OUT_INDEX + i) for i in range(source.held_out_count(args.heldout_count))]
+    return HeldOut(held, hf_tok, RULES[task["rule"]], task["max_response"])
+
+
 def run_trl(args, task: dict, out) -> dict:
     import torch
 
@@ -165,7 +182,8 @@ def run_trl(args, task: dict, out) -> dict:
     hf_tok = HfTokenizer(model_dir)
     source = PromptSource("jsonl", str(task["data"]), task["seed"], task["max_response"], None, hf_tok)
     per_step = task["prompts_per_step"]
-    held = [source(HELD_OUT_INDEX + i) for i in range(source.held_out_count(args.heldout_count))]
+    evaluate = held_out(args, task)
+    held = evaluate.prompts
     train = [source(i) for i in range(args.steps * per_step)]  # aspc's data_row(step, p) = step*stride + p
     longest = max(len(p.ids) for p in train)
     if longest > task["max_prompt"]:
@@ -184,7 +202,6 @@ def run_trl(args, task: dict, out) -> dict:
         return scores
 
     numeric_match_reward.__name__ = task["rule"]
-    evaluate = HeldOut(held, hf_tok, rule, task["max_response"])
     rows_out: list[dict] = []
     evals: list[dict] = []
     clock = {"train_s": 0.0, "start": time.perf_counter()}
@@ -267,7 +284,7 @@ HELD_LINE = re.compile(r"held-out accuracy \(greedy, up to (\d+) prompts[^)]*\):
                        r"at step \d+) -> ([\d.]+) after step (\d+)")
 
 
-def run_aspc(args, schedule: str, out) -> dict:
+def run_aspc(args, task: dict, schedule: str, out) -> dict:
     python = Path(args.aspc_python)
     aspc = python.parent / "aspc"
     if not aspc.exists():
@@ -283,11 +300,15 @@ def run_aspc(args, schedule: str, out) -> dict:
         cmd += ["--workers", args.aspc_workers]
     for setting in args.aspc_set:
         cmd += ["--set", setting]
+    checkpoints = metrics.with_suffix(".checkpoints")
+    shutil.rmtree(checkpoints, ignore_errors=True)
+    if args.eval_every:  # evaluated after the run, with the evaluator TRL's side uses
+        cmd += ["--checkpoint", str(checkpoints), "--checkpoint-every", str(args.eval_every), "--keep", "0"]
     print(f"aspc {schedule}: {' '.join(cmd)}", flush=True)
     start = time.perf_counter()
     with open(log, "w") as log_file:
         child = subprocess.Popen(cmd, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        tree_peak = _poll_tree(child.pid)
+        tree_peak = _poll_tree(child.pid, metrics)
         _, status, usage = os.wait4(child.pid, 0)
         child.returncode = os.waitstatus_to_exitcode(status)
     elapsed = time.perf_counter() - start
@@ -297,43 +318,125 @@ def run_aspc(args, schedule: str, out) -> dict:
     if child.returncode != 0:
         print(text[-3000:], file=sys.stderr)
         raise SystemExit(f"aspc run ({schedule}) exited {child.returncode}; its output is in {log}")
-    rows_out, previous = [], 0.0
+    rows_out, previous, saving = [], 0.0, 0.0
     for line in metrics.read_text().splitlines():
         m = json.loads(line)
-        dt = m["wall_s"] - previous
-        previous = m["wall_s"]
+        saved = m.get("checkpoint_s", 0.0)  # the saves --eval-every asks for: out of the step times, as
+        dt = m["wall_s"] - previous - saved  # TRL's evaluations are out of its own
+        previous, saving = m["wall_s"], saving + saved
         tokens = m.get("samples", 0) * m.get("response_len", 0)
-        row = {"side": f"aspc-{schedule}", "step": m["step"], "step_s": round(dt, 3), "train_s": m["wall_s"],
+        row = {"side": f"aspc-{schedule}", "step": m["step"], "step_s": round(dt, 3),
+               "train_s": round(m["wall_s"] - saving, 3), "checkpoint_s": saved,
                "tokens": round(tokens), "tokens_per_s": m.get("tokens_per_s"), "reward": m.get("reward"),
                "samples": m.get("samples"), "staleness_mean": m.get("staleness_mean")}
         rows_out.append(row)
         out.write(json.dumps(row) + "\n")
-    evals = []
+    evals, own = [], {}
     held = HELD_LINE.search(text)
-    if held:
-        before, after, step = float(held.group(2)), float(held.group(3)), int(held.group(4))
-        train_s = rows_out[-1]["train_s"] if rows_out else 0.0
-        for at, acc, t in ((0, before, 0.0), (step, after, train_s)):
-            row = {"side": f"aspc-{schedule}", "eval": True, "step": at, "heldout_acc": acc, "train_s": t,
-                   "heldout": "aspc"}  # the line says "up to N": the same held-out rows as TRL's
-            evals.append(row)
-            out.write(json.dumps(row) + "\n")
+    if held:  # aspc's own measure, before RL and after the last step
+        own = {"aspc_heldout_before": float(held.group(2)), "aspc_heldout_after": float(held.group(3))}
     else:
         print(f"aspc {schedule}: no held-out accuracy line in its output ({log})", file=sys.stderr)
+    if args.eval_every:
+        evals = evaluate_checkpoints_apart(args, task, checkpoints, rows_out, f"aspc-{schedule}")
+    elif held:
+        train_s = rows_out[-1]["train_s"] if rows_out else 0.0
+        evals = [{"side": f"aspc-{schedule}", "eval": True, "step": at, "heldout_acc": own[key], "train_s": t,
+                  "heldout": "aspc"} for at, key, t in ((0, "aspc_heldout_before", 0.0),
+                                                        (int(held.group(4)), "aspc_heldout_after", train_s))]
+    for row in evals:
+        out.write(json.dumps(row) + "\n")
     out.flush()
     summary = summarize(f"aspc-{schedule}", rows_out, evals, args.threshold)
+    summary.update(own)
+    summary["checkpoint_s_total"] = round(saving, 1)
     summary.update({"peak_rss_mb": round(usage.ru_maxrss / 1024.0, 1),
                     "peak_tree_rss_mb": round(tree_peak.peak / 2**20, 1) if tree_peak.peak else None,
                     "peak_tree_pss_mb": round(tree_peak.peak_pss / 2**20, 1) if tree_peak.peak_pss else None,
+                    "peak_tree_pss_steps_mb": tree_peak.pss_between_saves_mb(rows_out),
                     "cpu_s_total": round(usage.ru_utime + usage.ru_stime, 1), "elapsed_s": round(elapsed, 1),
                     "threads": args.aspc_threads, "command": cmd, "log": str(log), "metrics": str(metrics)})
     return summary
 
 
+def evaluate_checkpoints_apart(args, task: dict, folder: Path, rows: list[dict], side: str) -> list[dict]:
+    """Held-out accuracy of the run's model before RL and at each of its checkpoints (every --eval-every
+    steps and the last), by the evaluator TRL's side uses, in a spawned child (transformers loads
+    each checkpoint as `aspc export` writes it). train_s of step s: the wall_s of its metrics row,
+    which includes the saves before it (the checkpoint of step s is written after its row)."""
+    context = multiprocessing.get_context("spawn")
+    with tempfile.TemporaryDirectory() as scratch:
+        result = Path(scratch) / "evals.jsonl"
+        child = context.Process(target=_checkpoint_child, args=(args, task, str(folder), str(result)))
+        child.start()
+        child.join()
+        lines = result.read_text().splitlines() if result.exists() else []
+    if child.exitcode != 0:
+        raise SystemExit(f"the held-out evaluation of {folder} exited {child.exitcode}")
+    train_s = {r["step"]: r["train_s"] for r in rows}
+    evals = []
+    for line in lines:
+        found = json.loads(line)
+        evals.append({"side": side, "eval": True, "step": found["step"], "heldout_acc": found["heldout_acc"],
+                      "eval_s": found["eval_s"], "train_s": train_s.get(found["step"], 0.0), "heldout": "bench"})
+        print(f"  {side} held-out greedy accuracy at step {found['step']}: {found['heldout_acc']:.3f}", flush=True)
+    if not args.keep_checkpoints:
+        shutil.rmtree(folder, ignore_errors=True)
+    return evals
+
+
+def _checkpoint_child(args, task: dict, folder: str, path: str) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from aspc.backends.cpu.export import export_checkpoint
+    from aspc.rl.checkpoint import step_folders
+
+    torch.set_num_threads(args.threads)
+    evaluate = held_out(args, task)
+    with open(path, "w") as out, tempfile.TemporaryDirectory() as scratch:
+        for version, step in [(0, None), *step_folders(Path(folder))]:
+            model_dir = Path(args.model)
+            if step is not None:
+                model_dir = Path(scratch) / step.name
+                export_checkpoint(step, model_dir)
+            t = time.perf_counter()
+            model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+            acc = evaluate(model)
+            out.write(json.dumps({"step": version, "heldout_acc": round(acc, 4),
+                                  "eval_s": round(time.perf_counter() - t, 2)}) + "\n")
+            out.flush()
+            if step is not None:
+                shutil.rmtree(model_dir)
+
+
 class _TreePoller(threading.Thread):
-    def __init__(self, pid: int):
+    """Peaks of the process tree's summed RSS and PSS; also each poll's PSS and when each metrics row
+    appeared, for the peak over the steps without a checkpoint save (pss_between_saves_mb)."""
+
+    def __init__(self, pid: int, metrics: Path | None = None):
         super().__init__(daemon=True)
         self.pid, self.peak, self.peak_pss, self.stop = pid, 0, 0, threading.Event()
+        self.metrics, self.series, self.row_times = metrics, [], []
+
+    def pss_between_saves_mb(self, rows: list[dict]) -> float | None:
+        """The peak PSS from the start until the last row, leaving out each interval between two rows
+        whose later row took a checkpoint save (the saves pull the learner's whole state through the
+        driver; TRL's side saves nothing)."""
+        bounds = [0.0, *self.row_times[:len(rows)]]
+        if len(bounds) != len(rows) + 1:
+            return None
+        kept = [pss for t, pss in self.series if t <= bounds[-1] and not any(
+            row.get("checkpoint_s") and bounds[k] < t <= bounds[k + 1] for k, row in enumerate(rows))]
+        return round(max(kept) / 2**20, 1) if kept else None
+
+    def _rows_seen(self) -> None:
+        try:
+            count = self.metrics.read_text().count("\n") if self.metrics is not None else 0
+        except OSError:
+            return
+        now = time.perf_counter() - self.start_time
+        self.row_times += [now] * (count - len(self.row_times))
 
     def run(self) -> None:
         try:
@@ -344,7 +447,9 @@ class _TreePoller(threading.Thread):
             root = psutil.Process(self.pid)
         except psutil.Error:
             return
+        self.start_time = time.perf_counter()
         while not self.stop.is_set():
+            self._rows_seen()
             total = pss = 0
             try:
                 for proc in [root, *root.children(recursive=True)]:
@@ -357,11 +462,12 @@ class _TreePoller(threading.Thread):
             except psutil.Error:
                 break
             self.peak, self.peak_pss = max(self.peak, total), max(self.peak_pss, pss)
+            self.series.append((time.perf_counter() - self.start_time, pss))
             self.stop.wait(0.2)
 
 
-def _poll_tree(pid: int) -> _TreePoller:
-    poller = _TreePoller(pid)
+def _poll_tree(pid: int, metrics: Path | None = None) -> _TreePoller:
+    poller = _TreePoller(pid, metrics)
     poller.start()
     return poller
 
@@ -392,6 +498,7 @@ def table(summaries: list[dict]) -> str:
             ("mean reward", "mean_reward"), ("train s", "train_s"), ("held-out first", "heldout_first"),
             ("held-out last", "heldout_last"), ("s to thr", "s_to_threshold"), ("peak RSS MB", "peak_rss_mb"),
             ("tree RSS MB", "peak_tree_rss_mb"), ("tree PSS MB", "peak_tree_pss_mb"),
+            ("PSS MB w/o saves", "peak_tree_pss_steps_mb"),
             ("CPU s", "cpu_s_total"), ("elapsed s", "elapsed_s")]
     cells = [[h for h, _ in cols]]
     cells += [["-" if s.get(k) is None else str(s.get(k)) for _, k in cols] for s in summaries]
@@ -436,7 +543,10 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads for TRL (default 1: per core)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-every", type=int, default=5,
-                        help="TRL held-out evaluation every N steps, plus before step 1 and after the last (0: off)")
+                        help="held-out evaluation every N steps, plus before step 1 and after the last (0: off); "
+                             "aspc's sides save a checkpoint every N steps, evaluated after the run")
+    parser.add_argument("--keep-checkpoints", action="store_true",
+                        help="keep the aspc sides' checkpoints (RESULTS-STEM-aspc-SCHEDULE.metrics.checkpoints)")
     parser.add_argument("--heldout-count", type=int, default=HELD_OUT_PROMPTS)
     parser.add_argument("--threshold", type=float, default=0.3, help="held-out accuracy for the time-to-threshold")
     parser.add_argument("--out", default="runs/bench_trl/results.jsonl", help="JSON lines output")
@@ -466,15 +576,15 @@ def main(argv=None) -> None:
                               "threads": args.threads,
                               "heldout_count": args.heldout_count}) + "\n")
         for side in sides:  # each side in a process of its own: TRL's memory is gone before aspc starts
-            summary = run_trl_apart(args, task, out) if side == "trl" else run_aspc(args, side, out)
+            summary = run_trl_apart(args, task, out) if side == "trl" else run_aspc(args, task, side, out)
             out.write(json.dumps(summary) + "\n")
             out.flush()
             summaries.append(summary)
     print()
     print(table(summaries))
     print(f"\nrows and summaries: {args.out}; medians/tok/s skip the first {SKIP_STEPS} steps; "
-          f"'s to thr' = training seconds until held-out accuracy >= {args.threshold} (aspc: known only before "
-          "RL and after the last step)")
+          f"'s to thr' = training seconds until held-out accuracy >= {args.threshold} (measured every "
+          f"{args.eval_every} steps)")
 
 
 if __name__ == "__main__":

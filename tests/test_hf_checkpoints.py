@@ -177,6 +177,8 @@ def test_two_rl_steps_export_and_reload_in_transformers(checkpoint, aspc):
     runtime.build()
     result = runtime.run()
     assert len(result.metrics) == 2
+    saves = [m["checkpoint_s"] for m in result.metrics]  # the time the saves took, inside wall_s
+    assert all(s >= 0 for s in saves) and sum(saves) > 0, saves
 
     export = aspc("export", str(tmp / "run"), "-o", str(tmp / "trained"))
     assert export.exit_code == 0, export.output

@@ -409,6 +409,8 @@ class LocalRuntime:
         metrics = {"step": step + 1, **self.step_metrics.get(step, {}), "wall_s": wall}
         stale = [s for (u, _, _), s in self._staleness_of(step)]
         metrics["staleness_mean"] = sum(stale) / len(stale) if stale else 0.0
+        if self.options.checkpoint_dir is not None:  # the saves since the last row, in its wall_s
+            metrics["checkpoint_s"] = round(self.learner_worker.take_save_seconds(), 3)
         if self.controller.filter is not None:  # dynamic sampling: the extra generation it took
             metrics.update(self.controller.filter.metrics(step))
         previous = self.result.metrics[-1]["wall_s"] if self.result.metrics else 0.0

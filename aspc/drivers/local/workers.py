@@ -206,6 +206,7 @@ class ExecutorWorker(Worker):
         self.stepped: int | None = None  # the version the trainer's weights are at (its last optimizer step's)
         self.report_rewards = False  # dynamic sampling: WorkFinished carries a reward work's scores
         self.saved: int | None = None  # the last version checkpointed
+        self.save_seconds: list[float] = []  # how long each checkpoint since the last metrics row took
         # runtime rebalancing: move(instance, role) carries a move out on the trainer's devices
         self.move: Callable[[int, str], None] | None = None
 
@@ -250,8 +251,17 @@ class ExecutorWorker(Worker):
         if self.checkpoint is None:
             return
         assert version == self.completed, f"checkpoint of step {version} asked at step {self.completed}"
+        start = self.clock()
         self.checkpoint(version)
         self.saved = version
+        self.save_seconds.append(self.clock() - start)
+
+    def take_save_seconds(self) -> float:
+        """Seconds the checkpoints written since the last call took (the learner could not train)."""
+        taken = 0.0
+        while self.save_seconds:
+            taken += self.save_seconds.pop()
+        return taken
 
 
 def reward_scores(work, rollouts: list) -> tuple[float | None, ...]:
