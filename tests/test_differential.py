@@ -30,12 +30,14 @@ _JUDGE = {**_REWARD_MODEL, "reward(gen, model = rm) on judges": 'reward(gen, sou
 _REWARD_ON_LEARNER = {**_DISAGGREGATED,  # the reward model time-shares the trainer's executor
                       "model ref = frozen(actor)": "model ref = frozen(actor)\nmodel rm = frozen(actor)",
                       'reward(gen, rule = "exact_match")': "reward(gen, model = rm) on learner"}
+_REFERENCE_ON_ROLLOUT = {**_DISAGGREGATED,  # the reference time-shares the generation pool
+                         "reference(ref, gen) on learner": "reference(ref, gen) on rollout"}
 _CONTENDED = {**_DISAGGREGATED, "tool_workers = 4": "tool_workers = 1",  # one runner; syncs at
               "stream = 8 }": "stream = 8, partial_rollout = 2 }"}  # turn boundaries
 _TIMEOUTS = {"timeout = 5": "timeout = 0.5"}  # every call runs past its timeout: episodes end on it
 _FILTERED = {"micro_tokens = 1k\n}": "micro_tokens = 1k, filter_groups = true\n}"}  # dynamic sampling
 PLANS = {"time_shared": {}, "disaggregated": _DISAGGREGATED, "reward_model": _REWARD_MODEL, "judge": _JUDGE,
-         "reward_on_learner": _REWARD_ON_LEARNER, "agentic": {}, "agentic_contended": _CONTENDED,
+         "reward_on_learner": _REWARD_ON_LEARNER, "reference_on_rollout": _REFERENCE_ON_ROLLOUT, "agentic": {}, "agentic_contended": _CONTENDED,
          "agentic_timeouts": _TIMEOUTS, "filtered": _FILTERED,
          "filtered_disaggregated": {**_DISAGGREGATED, **_FILTERED}}
 BASES = {"agentic": "tiny_agentic", "agentic_contended": "tiny_agentic", "agentic_timeouts": "tiny_agentic"}
@@ -114,7 +116,7 @@ def test_sim_and_local_drivers_take_the_same_actions(tmp_path, recorded, name, s
     assert sim_trace == local_trace, first_difference(sim_trace, local_trace)
     kinds = {type(a).__name__ for _, _, actions in sim_trace for a in actions}
     assert {"Dispatch", "RunWork", "OptimizerStep", "PublishWeights", "SyncWeights", "Finished"} <= kinds
-    if name == "time_shared":
+    if name in ("time_shared", "reference_on_rollout"):
         assert "SwitchPool" in kinds
     if name in ("reward_model", "judge") and schedule == "asp":  # streamed units: both judges instances score them
         executors = {a.executor for _, _, actions in sim_trace for a in actions

@@ -285,6 +285,14 @@ class FakeForwardModel:
         self.time.sleep(work_seconds(self.kind, sum(r.tokens for r in rollouts)))
 
 
+class FakeReferenceModel:
+    def __init__(self, time):
+        self.time = time
+
+    def reference(self, rollouts) -> None:
+        self.time.sleep(work_seconds("reference", sum(r.tokens for r in rollouts)))
+
+
 class FakeJudge:
     def __init__(self, time):
         self.time = time
@@ -339,6 +347,9 @@ class FakeExecutors:
 
     def judge(self, stage: str, instance: int) -> FakeJudge:
         return FakeJudge(self.time)
+
+    def reference_model(self, stage: str, instance: int) -> FakeReferenceModel:
+        return FakeReferenceModel(self.time)
 
     def switch_pool(self, pool: str, mode: str) -> None:
         self.time.sleep(SWITCH)

@@ -204,7 +204,8 @@ class LocalRuntime:
         if self.config.train_stage not in hosted:
             runners = {stage: self._apart(kinds[stage], roles.get(stage), stage, index)
                        for stage, index in hosted.items()}
-            return ExecutorWorker(spec.name, runners, self._rollouts, self.events, self.clock)
+            return ExecutorWorker(spec.name, runners, self._rollouts, self.events, self.clock,
+                                  switch=self.executors.switch_pool)
         saver = self._save if self.options.checkpoint_dir else None
         worker = ExecutorWorker("learner", {}, self._rollouts, self.events, self.clock, self.learner, self.weights,
                                 self.step_metrics, saver, self.executors.switch_pool)
@@ -461,7 +462,7 @@ class LocalRuntime:
             case PublishWeights():
                 self.learner_worker.inbox.put(("publish", action.version))
             case SwitchPool():
-                self.learner_worker.inbox.put(("switch", (action.pool, action.mode)))
+                self._switcher().inbox.put(("switch", (action.pool, action.mode)))
             case MoveInstance():
                 self.learner_worker.inbox.put(("move", (action.instance, action.role)))
             case SyncWeights():
@@ -486,6 +487,17 @@ class LocalRuntime:
                 pass
             case _:
                 assert_never(action)
+
+    def _switcher(self) -> ExecutorWorker:
+        """Who carries out a switch of the time-shared pool: the learner's worker where the trainer
+        time-shares it, else the first time-shared executor's (a reference on the generation pool),
+        which is idle then (the controller switches only when nothing runs there) — the learner's
+        inbox would hold the switch back until its current training work ends, as the simulator,
+        which switches at once, does not."""
+        shared = [k for k, spec in enumerate(self.config.executors) if spec.time_shared]
+        if any(self.exec_workers[k] is self.learner_worker for k in shared):
+            return self.learner_worker
+        return self.exec_workers[shared[0]]
 
     def _move_instance(self, instance: int, role: str) -> None:
         """Runtime rebalancing, on the trainer's thread: the backend moves the instance's devices to

@@ -189,8 +189,8 @@ class ExecutorWorker(Worker):
     """One learner-side executor: runs learner work in the order the controller hands it out.
 
     `runners[stage]` runs a stage's streamed unit (the trainer's reference, critic and train
-    passes; a forward model's scoring). The trainer's executor (`trainer` given) also runs the
-    optimizer step, publishes the new weights, switches a time-shared pool and writes
+    passes; a forward model's scoring); a time-shared one switches its pool. The trainer's executor
+    (`trainer` given) also runs the optimizer step, publishes the new weights and writes
     checkpoints: a ("checkpoint", version) message writes one (`checkpoint(version)`) — the
     controller asks for it after the step's metrics are recorded, and nothing changes the
     weights between."""
