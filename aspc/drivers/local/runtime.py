@@ -22,6 +22,7 @@ from aspc.controller.events import (Action, Checkpoint, Dispatch, Finished, Inst
                                     SwitchPool, SyncWeights, WeightsLoaded, WeightsPublished, WorkFinished)
 from aspc.plan.execution_plan import ExecutionPlan
 from aspc.drivers.local.metrics_file import MetricsFile, interrupts_held
+from aspc.drivers.local.memory import release_free_memory
 from aspc.drivers.local.published import PublishedVersions
 from aspc.drivers.local.retention import prune
 from aspc.roles import ExecutorsFactory
@@ -91,7 +92,10 @@ class LocalRuntime:
     # ---- building ----
     def accuracy(self, count: int = 128) -> float:
         """Greedy reward of the current policy on held-out prompts."""
-        return self.executors.accuracy(count)
+        try:
+            return self.executors.accuracy(count)
+        finally:
+            release_free_memory()  # its copy of the model and KV cache
 
     def _prompt(self, step: int, prompt: int):
         return self.executors.prompt(self.config.data_row(step, prompt))
@@ -422,6 +426,7 @@ class LocalRuntime:
         with interrupts_held():  # a Ctrl-C cannot fall between the row and `recorded`
             self.metrics_file.append(metrics)
             self.recorded = step + 1
+        release_free_memory()  # the versions dropped during the step (memory.py)
         self.result.metrics.append(metrics)
         self.constant_reward.record(step + 1, metrics)
         if self.options.on_step is not None:
