@@ -1,13 +1,14 @@
 """Hand the C heap's free pages back to the operating system (glibc's `malloc_trim`).
 
 A model's weights are a few hundred tensors of 0.1–5 MB each. glibc serves such sizes from its
-heaps once its mmap threshold has risen (it follows the largest freed block, up to 32 MB), and a
-published version freed later leaves its pages in the heap: the driver of a SmolLM2 run held
-10.3 GB after two steps with 2 GB of live tensors, 5.5 GB once trimmed. Setting a fixed low mmap
-threshold instead gave the same back but slowed the learner's pass by 20–30% (every activation
-a fresh mmap, its pages faulted in anew), so the runtime trims at points where a version has just
-been dropped or handed over: once a step in the driver, after a weight refresh in a generation
-process, after the learner's snapshot. Elsewhere (no glibc) it does nothing.
+heaps once its mmap threshold has risen (it follows the largest freed block, up to 32 MB), and
+pages freed there stay resident: the driver of a SmolLM2 run held 10.3 GB after two steps with 2 GB
+of live tensors, 5.5 GB once trimmed. The runtime trims once, after a held-out evaluation (its copy
+of the model and its KV cache are gone then, and nothing reuses those pages soon). Not during the
+steps: trimming after each step (driver, an engine's refresh, the learner's snapshot) lowered the
+processes' resident memory between steps but made every later allocation fault its pages in anew,
+and the steps of a 50-step sync run were about 25% slower with it (reverted); a fixed low mmap
+threshold slowed the learner's pass by 20–30% the same way. Elsewhere (no glibc) it does nothing.
 """
 from __future__ import annotations
 

@@ -34,7 +34,6 @@ import sys
 import threading
 import traceback
 
-from aspc.drivers.local.memory import release_free_memory
 from aspc.drivers.local.workers import InstanceLost
 from aspc.ir.kinds import ROLE_CALLS
 
@@ -138,11 +137,6 @@ def _loop(conn, server) -> None:
             frame = traceback.extract_tb(error.__traceback__)[-1]
             reply = ("error", f"{type(error).__name__}: {error} (at {frame.filename}:{frame.lineno})")
         _send(conn, reply)
-        hands_over = getattr(server, "hands_over_weights", None)  # the engine's and the learner's servers
-        trim = hands_over is not None and hands_over(method, args)
-        del reply, args  # the weights they held are free now
-        if trim:
-            release_free_memory()
 
 
 def _send(conn, obj) -> None:
@@ -237,11 +231,6 @@ class _EngineServer:
         """What the fork server imports ahead: the engine's module."""
         return [type(self.engine).__module__]
 
-    @staticmethod
-    def hands_over_weights(method: str, args: tuple) -> bool:
-        """A weight refresh: the received copy is freed once loaded (memory.py)."""
-        return method == "call" and args[1] == "load_weights"
-
     def call(self, adds: list, method: str, args: tuple):
         for key, ids, seed in adds:
             self.engine.add(key, ids, seed)
@@ -315,11 +304,6 @@ class _LearnerServer:
         getattr(self.learner, method)(rollouts)
         return [{k: v for k, v in r.__dict__.items() if k not in old or v is not old[k]}
                 for r, old in zip(rollouts, before)]
-
-    @staticmethod
-    def hands_over_weights(method: str, args: tuple) -> bool:
-        """A snapshot or the checkpoint's parts: their pickled copy is freed once sent (memory.py)."""
-        return method in ("snapshot", "parts")
 
     def optimizer_step(self) -> dict:
         return self.learner.optimizer_step()

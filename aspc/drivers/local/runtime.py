@@ -426,7 +426,6 @@ class LocalRuntime:
         with interrupts_held():  # a Ctrl-C cannot fall between the row and `recorded`
             self.metrics_file.append(metrics)
             self.recorded = step + 1
-        release_free_memory()  # the versions dropped during the step (memory.py)
         self.result.metrics.append(metrics)
         self.constant_reward.record(step + 1, metrics)
         if self.options.on_step is not None:
