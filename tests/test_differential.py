@@ -37,7 +37,8 @@ _CONTENDED = {**_DISAGGREGATED, "tool_workers = 4": "tool_workers = 1",  # one r
 _TIMEOUTS = {"timeout = 5": "timeout = 0.5"}  # every call runs past its timeout: episodes end on it
 _FILTERED = {"micro_tokens = 1k\n}": "micro_tokens = 1k, filter_groups = true\n}"}  # dynamic sampling
 PLANS = {"time_shared": {}, "disaggregated": _DISAGGREGATED, "reward_model": _REWARD_MODEL, "judge": _JUDGE,
-         "reward_on_learner": _REWARD_ON_LEARNER, "reference_on_rollout": _REFERENCE_ON_ROLLOUT, "agentic": {}, "agentic_contended": _CONTENDED,
+         "reward_on_learner": _REWARD_ON_LEARNER, "reference_on_rollout": _REFERENCE_ON_ROLLOUT,
+         "agentic": {}, "agentic_contended": _CONTENDED,
          "agentic_timeouts": _TIMEOUTS, "filtered": _FILTERED,
          "filtered_disaggregated": {**_DISAGGREGATED, **_FILTERED}}
 BASES = {"agentic": "tiny_agentic", "agentic_contended": "tiny_agentic", "agentic_timeouts": "tiny_agentic"}
