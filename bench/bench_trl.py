@@ -395,7 +395,7 @@ def _checkpoint_child(args, task: dict, folder: str, path: str) -> None:
     torch.set_num_threads(args.threads)
     evaluate = held_out(args, task)
     with open(path, "w") as out, tempfile.TemporaryDirectory() as scratch:
-        for version, step in [(0, None), *step_folders(Path(folder))]:
+        for version, step in [(0, None), *sorted(step_folders(Path(folder)))]:
             model_dir = Path(args.model)
             if step is not None:
                 model_dir = Path(scratch) / step.name
