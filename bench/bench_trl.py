@@ -362,8 +362,8 @@ def run_aspc(args, task: dict, schedule: str, out) -> dict:
 def evaluate_checkpoints_apart(args, task: dict, folder: Path, rows: list[dict], side: str) -> list[dict]:
     """Held-out accuracy of the run's model before RL and at each of its checkpoints (every --eval-every
     steps and the last), by the evaluator TRL's side uses, in a spawned child (transformers loads
-    each checkpoint as `aspc export` writes it). train_s of step s: the wall_s of its metrics row,
-    which includes the saves before it (the checkpoint of step s is written after its row)."""
+    each checkpoint as `aspc export` writes it). train_s of step s: that of its row in `rows`
+    (wall_s less the saves before it; the checkpoint of step s is written after its row)."""
     context = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory() as scratch:
         result = Path(scratch) / "evals.jsonl"
@@ -417,7 +417,7 @@ class _TreePoller(threading.Thread):
     def __init__(self, pid: int, metrics: Path | None = None):
         super().__init__(daemon=True)
         self.pid, self.peak, self.peak_pss, self.stop = pid, 0, 0, threading.Event()
-        self.metrics, self.series, self.row_times = metrics, [], []
+        self.metrics, self.series, self.row_times, self.metrics_size = metrics, [], [], 0
 
     def pss_between_saves_mb(self, rows: list[dict]) -> float | None:
         """The peak PSS from the start until the last row, leaving out each interval between two rows
@@ -432,7 +432,10 @@ class _TreePoller(threading.Thread):
 
     def _rows_seen(self) -> None:
         try:
-            count = self.metrics.read_text().count("\n") if self.metrics is not None else 0
+            size = self.metrics.stat().st_size if self.metrics is not None else 0
+            if size == self.metrics_size:  # read the file again only when a row was appended
+                return
+            self.metrics_size, count = size, self.metrics.read_text().count("\n")
         except OSError:
             return
         now = time.perf_counter() - self.start_time

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from aspc.rl.checkpoint import step_folders
 from aspc.drivers.local.metrics_file import read_rows
 from conftest import ROOT
 
@@ -153,7 +154,7 @@ def test_a_killed_ray_process_ends_the_run_with_one_message(tmp_path, victim):
     process = aspc_process("--runtime", "ray", "--steps", "40", "--warmstart", "10", "--metrics", str(metrics),
                            "--checkpoint", str(folder), "--checkpoint-every", "1", start_new_session=True)
     deadline = time.monotonic() + 180
-    while not first_checkpoint(folder) and process.poll() is None and time.monotonic() < deadline:
+    while not step_folders(folder) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)  # a step's row is written before its checkpoint: wait for both
     pids = [pid for pid, command in descendants(process.pid).items() if victim in command]
     assert pids, f"no {victim} under the run"
@@ -168,11 +169,6 @@ def test_a_killed_ray_process_ends_the_run_with_one_message(tmp_path, victim):
         return
     assert "Error: " in err and "the learner's Ray actor died" in err
     assert f"in {folder}" in err and "--resume" in err
-
-
-def first_checkpoint(folder) -> bool:
-    """Whether a step folder (renamed into place once written and checked) is in `folder`."""
-    return folder.is_dir() and any(path.name.startswith("step-") for path in folder.iterdir())
 
 
 def ray_driver_log(pid: int) -> str:
