@@ -104,3 +104,32 @@ def test_sigterm_saves_the_last_finished_step_and_exits_143(tmp_path):
     done = len(metrics(tmp_path / "m.jsonl"))
     assert f"stopped by SIGTERM after step {done}" in err and "--resume" in err
     assert (tmp_path / "ck" / "latest").read_text().strip() == f"step-{done:06d}"  # the last finished step
+
+
+def test_an_error_the_sigterm_caused_still_saves_the_steps_and_exits_143(tmp_path, monkeypatch):
+    """A SIGTERM that cuts a call short can surface as another error (a reply read half-way, the
+    workers' teardown failing after it): the run still keeps its finished steps and exits 143 with
+    its message, naming the error (CI saw exit 130 and no checkpoint once)."""
+    from click.testing import CliRunner
+
+    from aspc.cli.main import main
+    from aspc.drivers.local.runtime import LocalRuntime
+
+    record = LocalRuntime._record
+
+    def record_then_sigterm(self, step):
+        record(self, step)
+        if step == 2:
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises KeyboardInterrupt in here
+            except KeyboardInterrupt:
+                raise RuntimeError("a reply read half-way") from None
+
+    monkeypatch.setattr(LocalRuntime, "_record", record_then_sigterm)
+    result = CliRunner().invoke(main, command(tmp_path, steps=10, every=1000)[3:])
+    assert result.exit_code == 143, (result.output, result.exception)
+    assert "SIGTERM cut a call short (RuntimeError: a reply read half-way)" in result.output
+    assert "stopped by SIGTERM after step 3" in result.output and "--resume" in result.output
+    assert (tmp_path / "ck" / "latest").read_text().strip() == "step-000003"
+    assert [row["step"] for row in metrics(tmp_path / "m.jsonl")] == [1, 2, 3]

@@ -13,6 +13,7 @@ from aspc.frontend.compiler import compile_file
 from aspc.frontend.diagnostics import AsplError, render_all
 from aspc.ir.dot import to_dot
 from aspc.frontend.formatter import format_program
+from aspc.cli.interrupts import interrupt_seen, note_interrupt, stop_cause
 from aspc.cli.inspect import inspect_report, write_schedule_graph
 from aspc.cli.output import write_output
 from aspc.cli.tune import tune_command
@@ -638,31 +639,19 @@ def entry() -> None:
     that lands while the interpreter shuts down (threads, torch) changes nothing: without this the
     process dies by SIGINT after its work is done and saved. A Ctrl-C that interrupts an import
     (torch's, in the first second) can surface as another error (numpy's ImportError "cannot load
-    module more than once"): after a Ctrl-C any error ends as one, with exit code 130."""
-    signal.signal(signal.SIGINT, _note_interrupt)
+    module more than once"): after a Ctrl-C any error ends as one, with exit code 130 (143 after
+    `aspc run`'s SIGTERM)."""
+    signal.signal(signal.SIGINT, note_interrupt)
     try:
         main()
     except Exception:
-        if not _interrupts.seen:
+        if not interrupt_seen():
             raise
-        click.echo("\nstopped by Ctrl-C", err=True)
-        sys.exit(130)
+        cause, code = stop_cause()
+        click.echo(f"\nstopped by {cause}", err=True)
+        sys.exit(code)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-@dataclass
-class _Interrupts:
-    seen: bool = False  # a SIGINT reached this process
-
-
-_interrupts = _Interrupts()
-
-
-def _note_interrupt(signum, frame) -> None:
-    """Python's own Ctrl-C handler (KeyboardInterrupt), remembering that it ran."""
-    _interrupts.seen = True
-    signal.default_int_handler(signum, frame)
 
 
 if __name__ == "__main__":

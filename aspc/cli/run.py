@@ -27,6 +27,7 @@ from aspc.roles import ExecutorsFactory
 from aspc.drivers.local.workers import WorkerFailed
 from aspc.accounting.trace import Span, shifted, write_trace
 from aspc.drivers.local.metrics_file import check_can_write
+from aspc.cli.interrupts import interrupt_seen, note_sigterm
 
 
 def check_cpu_plan(file: str, plan: ExecutionPlan) -> None:
@@ -122,12 +123,26 @@ def _train(request: RunRequest, plan: ExecutionPlan, executors: ExecutorsFactory
         where = _salvaged(session)
         raise click.ClickException(f"{request.file}: {file_error(error)}{where}") from None
     except KeyboardInterrupt:
-        session.cause = "SIGTERM" if terminate.received else "Ctrl-C"
-        session.interrupted()
-        sys.exit(143 if terminate.received else 130)
+        _stop_interrupted(session, terminate)
+    except Exception as error:  # noqa: BLE001 -- re-raised unless an interruption caused it
+        if not (terminate.received or interrupt_seen()):
+            raise
+        _stop_interrupted(session, terminate, error)
     if result is not None:
         progress.close()
         _report(result, session.runtime, metrics, request.trace_path, plan, session.held_out_line())
+
+
+def _stop_interrupted(session: _Session, terminate: _SigtermAsCtrlC, error: Exception | None = None) -> None:
+    """Keep every finished step, say so, and exit 130 (Ctrl-C) or 143 (SIGTERM). `error`: what the
+    interruption broke on its way out (a reply read half-way, the workers' teardown), named in one
+    line; the work is saved all the same."""
+    session.cause = "SIGTERM" if terminate.received else "Ctrl-C"
+    if error is not None:
+        click.echo(f"\n{session.cause} cut a call short ({type(error).__name__}: {error}); keeping the finished "
+                   "steps", err=True)
+    session.interrupted()
+    sys.exit(143 if terminate.received else 130)
 
 
 def _check_outputs(request: RunRequest, metrics: Path) -> None:
@@ -182,6 +197,7 @@ class _SigtermAsCtrlC:
 
     def _on_sigterm(self, _signum, _frame) -> None:
         self.received = True
+        note_sigterm()
         signal.raise_signal(signal.SIGINT)
 
 
@@ -287,7 +303,10 @@ class _Session:
                 "continue with --resume")
 
     def interrupted(self) -> None:
-        self.progress.close()
+        try:
+            self.progress.close()
+        except Exception:  # noqa: BLE001 -- a bar the interruption left half-drawn must not lose the steps
+            pass
         where = self.salvage()
         if self.phase != "training":
             click.echo(f"\nstopped by {self.cause} during {self.phase}; no RL step was trained, nothing was "
