@@ -14,7 +14,7 @@ from aspc.backends.cpu.hf_weights import load_hf_model
 from aspc.backends.cpu.judge import TRAIN_HINT as JUDGE_HINT
 from aspc.backends.cpu.judge import load_judge
 from aspc.backends.cpu.learner import Learner, ReferencePass
-from aspc.backends.cpu.model import TinyQwen
+from aspc.backends.cpu.model import TinyQwen, compute_in
 from aspc.backends.cpu.reward_model import TRAIN_HINT, checkpoint_path, load_reward_model
 from aspc.backends.cpu.scoring import build_terms
 from aspc.backends.cpu.warmstart import warm_start
@@ -190,7 +190,8 @@ class CpuExecutors:
                 if name is not None and name not in models:
                     model = self.plan.model(name)
                     load = load_reward_model if source.func == "model" else load_judge
-                    models[name] = load(model.arch, checkpoint_path(model.checkpoint, self.base_dir), name)
+                    loaded = load(model.arch, checkpoint_path(model.checkpoint, self.base_dir), name)
+                    models[name] = compute_in(loaded, model.dtype)
         return models
 
     def _reference(self):
@@ -199,7 +200,7 @@ class CpuExecutors:
             return None
         model = self.plan.model_of(stages[0])
         if model.frozen_of == self.train_stage.model:
-            return copy.deepcopy(self.actor).eval()
+            return compute_in(copy.deepcopy(self.actor), model.dtype).eval()
         return build_model(model, self.base_dir, self.seed + 1).eval()
 
     def _critic(self):
@@ -213,10 +214,11 @@ class CpuExecutors:
 
 
 def build_model(model: ModelPlan, base_dir: Path | None, seed: int, value_head: bool = False) -> TinyQwen:
-    """An hf(...) model with its checkpoint's weights; any other initialised from the seed."""
+    """An hf(...) model with its checkpoint's weights; any other initialised from the seed. It
+    computes in its dtype (model.py's compute_in: bf16 under autocast over fp32 weights)."""
     if model.preset == "hf":
-        return load_hf_model(model.arch, checkpoint_dir(model, base_dir), seed, value_head)
-    return TinyQwen(model.arch, seed=seed, value_head=value_head)
+        return compute_in(load_hf_model(model.arch, checkpoint_dir(model, base_dir), seed, value_head), model.dtype)
+    return compute_in(TinyQwen(model.arch, seed=seed, value_head=value_head), model.dtype)
 
 
 def unsupported_stages(plan: ExecutionPlan) -> list[StageRefusal]:

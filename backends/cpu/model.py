@@ -2,7 +2,12 @@
 SwiGLU; with q/k/v biases (Qwen2) and per-head q/k norms (Qwen3) it is also the Qwen2, Qwen3 and
 Llama decoder of Hugging Face checkpoints (hf_weights.py). Deterministic initialisation from a
 seed. One forward serves training (a causal mask over whole sequences) and generation (a KV cache
-with one slot per sequence)."""
+with one slot per sequence).
+
+A model whose plan says `dtype = bf16` computes in bf16 with its weights in fp32 (`compute_in`):
+its matrix products run under `torch.autocast` (the CPU's AMX or AVX-512 bf16 units), the residual
+stream, norms and softmax stay fp32, and the optimizer updates the fp32 weights -- mixed precision
+as Megatron's `bf16` keeps fp32 main parameters. fp16 and fp32 compute in fp32."""
 from __future__ import annotations
 
 import torch
@@ -110,6 +115,8 @@ class Block(nn.Module):
 class TinyQwen(nn.Module):
     """Logits (and, with a value head, per-token values) of token sequences."""
 
+    compute_dtype = torch.float32  # what its matrix products compute in (compute_in)
+
     def __init__(self, arch: ModelArch, seed: int = 0, value_head: bool = False):
         super().__init__()
         if arch.experts:
@@ -135,19 +142,37 @@ class TinyQwen(nn.Module):
         x = self.embed(tokens)
         if cache is not None:
             cache.hold(int(positions.max()) + 1)
-        for layer, block in enumerate(self.blocks):
-            args = {} if cache is None else dict(cache=cache, layer=layer, slots=slots, positions=positions)
-            x = block(x, cos, sin, mask, **args)
+        with self._autocast():
+            for layer, block in enumerate(self.blocks):
+                args = {} if cache is None else dict(cache=cache, layer=layer, slots=slots, positions=positions)
+                x = block(x, cos, sin, mask, **args)
         return self.norm(x)
 
     def logits(self, hidden):
-        return hidden @ self.embed.weight.T if self.head is None else self.head(hidden)
+        with self._autocast():
+            return hidden @ self.embed.weight.T if self.head is None else self.head(hidden)
+
+    def _autocast(self):
+        low = self.compute_dtype != torch.float32
+        return torch.autocast("cpu", dtype=self.compute_dtype if low else torch.bfloat16, enabled=low)
 
     def forward(self, tokens, positions, mask, cache=None, slots=None):
         return self.logits(self.hidden_states(tokens, positions, mask, cache, slots))
 
     def values(self, tokens, positions, mask):
         return self.value(self.hidden_states(tokens, positions, mask)).squeeze(-1)
+
+
+COMPUTE_DTYPES = {"bf16": torch.bfloat16}  # a plan's dtype -> what the CPU computes in; others fp32
+
+
+def compute_in(model: nn.Module, dtype: str) -> nn.Module:
+    """`model` (and every decoder inside it, e.g. a reward model's) computing in its plan's `dtype`:
+    bf16 under autocast over fp32 weights, fp16 and fp32 in fp32 (the module's docstring)."""
+    for module in model.modules():
+        if isinstance(module, TinyQwen):
+            module.compute_dtype = COMPUTE_DTYPES.get(dtype, torch.float32)
+    return model
 
 
 def causal_mask(lengths: list[int], width: int) -> torch.Tensor:

@@ -51,9 +51,10 @@ def launch_of(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None, slot
     data = plan.dataset(stage.data)
     max_model_len = data.max_prompt + options["max_tokens"]
     directory = Path(model.checkpoint) if base_dir is None else (base_dir / model.checkpoint).resolve()
-    config = {"model": str(directory), "dtype": "float32", "seed": 0, "max_model_len": max_model_len,
+    dtype = VLLM_DTYPES.get(model.dtype, "float32")  # as the learner computes (model.py's compute_in)
+    config = {"model": str(directory), "dtype": dtype, "seed": 0, "max_model_len": max_model_len,
               "max_num_seqs": slots, "enforce_eager": True, "distributed_executor_backend": "uni",
-              "kv_cache_memory_bytes": kv_cache_bytes(model.arch, slots, max_model_len),
+              "kv_cache_memory_bytes": kv_cache_bytes(model.arch, slots, max_model_len, ELEMENT_BYTES[dtype]),
               "load_format": "dummy",  # the first refresh brings the learner's weights
               "weight_transfer_config": {"backend": CPU.weight_transfer}, **engine_options(max_model_len)}
     if model.arch.tied:  # a head of its own, refreshed as lm_head.weight (see `hf_tensors`)
@@ -62,10 +63,14 @@ def launch_of(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None, slot
     return {"config": config, "micro_batching": {"sampling": sampling, "weight_refresh": {"calls": TRANSFER_CALLS}}}
 
 
-def kv_cache_bytes(arch, slots: int, max_model_len: int) -> int:
-    """Room for `slots` whole sequences of keys and values in fp32, each in whole KV blocks: the
-    CPU engine holds as many sequences at once as the project's generator would."""
-    per_token = 2 * arch.layers * arch.kv_heads * arch.head_dim * 4
+VLLM_DTYPES = {"bf16": "bfloat16"}  # a plan's dtype -> vLLM's; fp16 and fp32 run in float32, as the learner
+ELEMENT_BYTES = {"bfloat16": 2, "float32": 4}
+
+
+def kv_cache_bytes(arch, slots: int, max_model_len: int, element_bytes: int = 4) -> int:
+    """Room for `slots` whole sequences of keys and values (in the engine's dtype), each in whole KV
+    blocks: the CPU engine holds as many sequences at once as the project's generator would."""
+    per_token = 2 * arch.layers * arch.kv_heads * arch.head_dim * element_bytes
     tokens = slots * -(-max_model_len // CPU_BLOCK) * CPU_BLOCK
     return max(per_token * tokens, KV_BYTES_FLOOR)
 
