@@ -21,6 +21,8 @@ from a declared attribute, never by probing undeclared names:
   pickled into a Ray actor, so the Ray driver has the learner's actor build it from the factory;
 - `InstanceMover` (`move_instance`, read with getattr and a None default) — runtime rebalancing
   moves a generation instance's devices to or from the trainer;
+- `LearnerSaver` (`checkpoint_writer`, read the same way) — a learner in its own process writes its
+  checkpoint itself;
 - `Pricing` — the simulator's executors (backends/sim/pricing.py): what a unit of work costs.
 
 tests/test_roles_complete.py checks that every attribute the drivers use on a factory is declared here.
@@ -175,6 +177,16 @@ class InstanceMover(Protocol):
     rebalancing); without it, a lent instance simply gets no work (aspc/drivers/local/runtime.py)."""
 
     def move_instance(self, instance: int, role: str) -> None: ...
+
+
+class LearnerSaver(Protocol):
+    """A factory whose checkpoint a learner in a process of its own can write itself (read with
+    getattr and a None default; aspc/drivers/local/runtime.py): without it the learner's state comes
+    to the driver to be saved."""
+
+    def checkpoint_writer(self, extra: dict) -> Callable[[Path, int, dict, dict], Path]: ...
+    # save_checkpoint's work as a picklable function of (directory, version, models, optimizers),
+    # `extra` in its manifest
 
 
 class Pricing(Protocol):

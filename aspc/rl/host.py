@@ -15,6 +15,7 @@ Nothing here loads or runs a model."""
 from __future__ import annotations
 
 import concurrent.futures as futures
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -119,15 +120,21 @@ class RunHost:
             self._tools = None
 
     def save_checkpoint(self, directory: Path, version: int, models: dict, optimizers: dict, extra: dict) -> Path:
-        """checkpoint.save, with what `aspc export` needs to write an hf(...) actor back as a
-        checkpoint directory: the source directory and the dtype."""
+        """checkpoint.save, with what `aspc export` needs (checkpoint_writer)."""
+        return self.checkpoint_writer(extra)(directory, version, models, optimizers)
+
+    def checkpoint_writer(self, extra: dict):
+        """checkpoint.save(directory, version, models, optimizers) as a picklable function (a learner
+        process writes its own state with it), its manifest holding `extra` and what `aspc export`
+        needs to write an hf(...) actor back as a checkpoint directory: the source directory and
+        the dtype."""
         from aspc.rl import checkpoint
 
         actor = self.actor_plan()
-        if actor.preset != "hf":
-            return checkpoint.save(directory, version, models, optimizers, extra)
-        source = {"source": str(checkpoint_dir(actor, self.base_dir).resolve()), "dtype": actor.dtype}
-        return checkpoint.save(directory, version, models, optimizers, {**extra, "hf": {"actor": source}})
+        if actor.preset == "hf":
+            source = {"source": str(checkpoint_dir(actor, self.base_dir).resolve()), "dtype": actor.dtype}
+            extra = {**extra, "hf": {"actor": source}}
+        return partial(checkpoint.save, extra=extra)
 
     def settings(self) -> TrainSettings:
         t: dict[str, Any] = {**LOSS_DEFAULTS, **dict(self.train_stage.options)}  # the IR leaves these out at defaults

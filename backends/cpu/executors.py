@@ -174,6 +174,9 @@ class CpuExecutors:
     def save_checkpoint(self, directory: Path, version: int, models: dict, optimizers: dict, extra: dict) -> Path:
         return self.host.save_checkpoint(directory, version, models, optimizers, extra)
 
+    def checkpoint_writer(self, extra: dict):
+        return self.host.checkpoint_writer(extra)
+
     load_checkpoint = staticmethod(checkpoint.load)
     find_resume_point = staticmethod(checkpoint.find_resume_point)
     read_manifest = staticmethod(checkpoint.read_manifest)

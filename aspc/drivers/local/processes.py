@@ -316,6 +316,15 @@ class _LearnerServer:
         return ({"actor": l.actor, "reference": l.ref, "critic": l.critic},
                 {"actor": l.optimizer, "critic": l.critic_optimizer})
 
+    def save(self, writer, error_type: type, directory, version: int) -> str | None:
+        """`writer(directory, version, models, optimizers)` run here on the learner's own state; a
+        failure of the kind `error_type` (the factory's CheckpointError) comes back as its message."""
+        try:
+            writer(directory, version, *self.parts())
+        except error_type as error:
+            return str(error)
+        return None
+
 
 class ProcessLearner:
     """The trainer in its own process. A pass (reward, reference, values, train) sends the
@@ -344,3 +353,7 @@ class ProcessLearner:
 
     def parts(self) -> tuple[dict, dict]:
         return self.child.call("parts")
+
+    def save(self, writer, error_type: type, directory, version: int) -> str | None:
+        """The checkpoint written by the learner's process (a failed write: its message)."""
+        return self.child.call("save", writer, error_type, directory, version)
