@@ -247,7 +247,7 @@ def run_trl(args, task: dict, out) -> dict:
     workdir = tempfile.mkdtemp(prefix="bench-trl-")
     config = GRPOConfig(
         output_dir=workdir, report_to="none", logging_steps=1, save_strategy="no", max_steps=args.steps,
-        use_cpu=True, bf16=False, fp16=False, use_vllm=False,
+        use_cpu=True, bf16=args.trl_bf16, fp16=False, use_vllm=False,
         activation_checkpointing=False,  # transformers 5's name; TRL's gradient_checkpointing (True) defers to it
         model_init_kwargs={"dtype": torch.float32}, seed=args.seed, dataloader_num_workers=0,
         per_device_train_batch_size=per_step * task["group"], gradient_accumulation_steps=1,
@@ -258,7 +258,8 @@ def run_trl(args, task: dict, out) -> dict:
         disable_dropout=True, log_completions=False)
     assert config.steps_per_generation == 1 and config.generation_batch_size == per_step * task["group"], \
         (config.steps_per_generation, config.generation_batch_size)
-    assert not config.gradient_checkpointing and not config.bf16, (config.gradient_checkpointing, config.bf16)
+    assert not config.gradient_checkpointing and config.bf16 == args.trl_bf16, \
+        (config.gradient_checkpointing, config.bf16)
     trainer = GRPOTrainer(model=str(model_dir), reward_funcs=[numeric_match_reward], args=config,
                           train_dataset=dataset, processing_class=tokenizer, callbacks=[Timer()])
     print(f"trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, "
@@ -267,6 +268,7 @@ def run_trl(args, task: dict, out) -> dict:
     trainer.train()
     summary = summarize("trl", rows_out, evals, args.threshold)
     summary.update({"peak_rss_mb": round(peak_rss_mb(resource.RUSAGE_SELF), 1), "threads": args.threads,
+                    "bf16": args.trl_bf16,
                     "cpu_s_total": round(cpu_seconds(), 1), "elapsed_s": round(time.perf_counter() - clock["start"], 1),
                     "versions": {"trl": trl.__version__, "transformers": transformers.__version__,
                                  "torch": torch.__version__}})
@@ -545,6 +547,9 @@ def main(argv=None) -> None:
                              "the one the pipeline's hf(...) names)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for TRL (default 1: per core)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trl-bf16", action="store_true",
+                        help="TRL trains in bf16 mixed precision (accelerate's autocast over fp32 weights), as "
+                             "aspc does with --aspc-set actor.dtype=bf16")
     parser.add_argument("--eval-every", type=int, default=5,
                         help="held-out evaluation every N steps, plus before step 1 and after the last (0: off); "
                              "aspc's sides save a checkpoint every N steps, evaluated after the run")

@@ -72,3 +72,20 @@ def test_the_cpu_backend_builds_the_actor_reference_and_generator_in_the_plans_d
     assert learner.actor.compute_dtype == learner.ref.compute_dtype == torch.bfloat16
     assert executors.generation_engine(0, 1).model.compute_dtype == torch.bfloat16
     assert all(p.dtype == torch.float32 for p in learner.actor.parameters())
+
+
+def test_a_bf16_model_generates_with_its_cache_as_its_full_forward_does():
+    """The project's generator keeps its KV cache in fp32; a bf16 model's keys and values go in as fp32."""
+    from aspc.backends.cpu.model import KVCache, cache_mask, causal_mask
+
+    model = compute_in(TinyQwen(ARCH, seed=1), "bf16").eval()
+    tokens = torch.randint(3, 20, (2, 10))
+    positions = torch.arange(10)[None].expand(2, 10)
+    with torch.no_grad():
+        full = model(tokens, positions, causal_mask([10, 10], 10))
+        cache, slots = KVCache(ARCH, 4, 64), torch.tensor([3, 1])
+        outs = [model(tokens[:, :6], positions[:, :6], cache_mask(positions[:, :6]), cache, slots)[:, -1]]
+        for t in range(6, 10):
+            p = torch.full((2, 1), t)
+            outs.append(model(tokens[:, t:t + 1], p, cache_mask(p), cache, slots)[:, 0])
+    assert torch.allclose(full[:, 5:].float(), torch.stack(outs, 1).float(), atol=0.05)

@@ -296,3 +296,26 @@ def test_what_the_cpu_backend_cannot_execute_is_refused_at_its_line(aspc, tmp_pa
     epochs = run(aspc, tmp_path, "--set", "update.epochs=2")
     assert_one_message(epochs, 1, "<--set>:1:", "trains one epoch per step", "set epochs = 1")
     assert not (tmp_path / "m.jsonl").exists()  # refused before the run
+
+
+def test_an_unexpected_error_stops_the_worker_processes_before_its_traceback(tmp_path, monkeypatch):
+    """A bug raised after the workers started (here in the held-out evaluation before RL) used to
+    leave the worker processes up, and the process hung at exit after printing the traceback."""
+    from click.testing import CliRunner
+
+    from aspc.cli.main import main
+    from aspc.drivers.local.runtime import LocalRuntime
+
+    built = []
+    build = LocalRuntime.build
+    monkeypatch.setattr(LocalRuntime, "build", lambda self: built.append(self) or build(self))
+
+    def broken(self, count=128):
+        raise RuntimeError("a bug in the evaluation")
+
+    monkeypatch.setattr(LocalRuntime, "accuracy", broken)
+    result = CliRunner().invoke(main, ["run", str(TINY), "--steps", "2", "--warmstart", "0",
+                                       "--metrics", str(tmp_path / "m.jsonl")])
+    assert isinstance(result.exception, RuntimeError), result.output
+    assert built and built[0].stopped
+    assert not any(w.generator.child.process.is_alive() for w in built[0].gen_workers)

@@ -126,6 +126,7 @@ def _train(request: RunRequest, plan: ExecutionPlan, executors: ExecutorsFactory
         _stop_interrupted(session, terminate)
     except Exception as error:  # noqa: BLE001 -- re-raised unless an interruption caused it
         if not (terminate.received or interrupt_seen()):
+            _salvaged(session)  # a bug: its traceback, after the workers stopped (they kept the process alive)
             raise
         _stop_interrupted(session, terminate, error)
     if result is not None:

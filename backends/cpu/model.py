@@ -80,8 +80,8 @@ class Attention(nn.Module):
         q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
         if cache is not None:  # write this step's keys at their positions, then attend to the slot
             rows = slots[:, None].expand(b, t)
-            cache.k[layer][rows, :, positions] = k.transpose(1, 2)
-            cache.v[layer][rows, :, positions] = v.transpose(1, 2)
+            cache.k[layer][rows, :, positions] = k.transpose(1, 2).to(cache.k[layer].dtype)  # bf16 products: fp32
+            cache.v[layer][rows, :, positions] = v.transpose(1, 2).to(cache.v[layer].dtype)
             length = int(positions.max()) + 1
             k, v = cache.k[layer][slots, :, :length], cache.v[layer][slots, :, :length]
         repeat = self.heads // self.kv_heads
