@@ -89,3 +89,16 @@ def test_a_bf16_model_generates_with_its_cache_as_its_full_forward_does():
             p = torch.full((2, 1), t)
             outs.append(model(tokens[:, t:t + 1], p, cache_mask(p), cache, slots)[:, 0])
     assert torch.allclose(full[:, 5:].float(), torch.stack(outs, 1).float(), atol=0.05)
+
+
+def test_a_bf16_models_engines_get_its_weights_in_bf16():
+    """Half the bytes to snapshot, pickle and send; an fp32 model's engines get its fp32 weights."""
+    from aspc.backends.cpu.model import published_state
+
+    full = TinyQwen(ARCH, seed=3)
+    mixed = compute_in(copy.deepcopy(full), "bf16")
+    sent = published_state(mixed)
+    assert {t.dtype for t in sent.values()} == {torch.bfloat16}
+    assert all(torch.equal(sent[k], v.to(torch.bfloat16)) for k, v in mixed.state_dict().items())
+    assert all(t.dtype == torch.float32 for t in mixed.state_dict().values())  # the learner keeps fp32
+    assert all(torch.equal(t, full.state_dict()[k]) for k, t in published_state(full).items())

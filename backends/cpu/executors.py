@@ -14,7 +14,7 @@ from aspc.backends.cpu.hf_weights import load_hf_model
 from aspc.backends.cpu.judge import TRAIN_HINT as JUDGE_HINT
 from aspc.backends.cpu.judge import load_judge
 from aspc.backends.cpu.learner import Learner, ReferencePass
-from aspc.backends.cpu.model import TinyQwen, compute_in
+from aspc.backends.cpu.model import TinyQwen, compute_in, published_state
 from aspc.backends.cpu.reward_model import TRAIN_HINT, checkpoint_path, load_reward_model
 from aspc.backends.cpu.scoring import build_terms
 from aspc.backends.cpu.warmstart import warm_start
@@ -77,7 +77,7 @@ class CpuExecutors:
 
     def snapshot(self) -> PolicyWeights:
         """The weights generation starts from (version 0: the learner has taken no step yet)."""
-        return PolicyWeights(0, copy.deepcopy(self.actor.state_dict()))
+        return PolicyWeights(0, published_state(self.actor))
 
     def generation_engine(self, index: int, instances: int) -> GenerationEngine:
         """Instance `index` of `instances` (all alike on a CPU)."""

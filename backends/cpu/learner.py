@@ -9,13 +9,13 @@ gradient norm of a step, raises NonFiniteError (losses.py) before the optimizer 
 the step's gradients discarded, so the last checkpoint the run keeps is a sound one."""
 from __future__ import annotations
 
-import copy
 import math
 
 import torch
 
 from aspc.backends.cpu.batching import make_batch, token_logprobs, token_values
 from aspc.backends.cpu.generator import PolicyWeights
+from aspc.backends.cpu.model import published_state
 from aspc.rl.losses import NonFiniteError, step_divisor, value_loss
 from aspc.rl.mismatch import Mismatch
 from aspc.rl.objective import TokenTerms, micro_batch_loss
@@ -141,7 +141,7 @@ class Learner:
         return summary
 
     def snapshot(self) -> PolicyWeights:
-        return PolicyWeights(self.version, copy.deepcopy(self.actor.state_dict()))
+        return PolicyWeights(self.version, published_state(self.actor))
 
     def _micro_batch_indices(self, rollouts: list[Rollout]) -> list[list[int]]:
         return micro_batch_indices(rollouts, self.s.micro_tokens)

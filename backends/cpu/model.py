@@ -175,6 +175,15 @@ def compute_in(model: nn.Module, dtype: str) -> nn.Module:
     return model
 
 
+def published_state(model: TinyQwen) -> dict:
+    """The weights an engine loads, in the dtype the model computes in: a bf16 model's engines get
+    bf16 tensors (half the bytes to copy, pickle and send; vLLM holds bf16 weights, and the
+    products round them to bf16 all the same), an fp32 model's a copy of its weights."""
+    low = model.compute_dtype
+    return {name: t.detach().to(low, copy=True) if t.is_floating_point() else t.detach().clone()
+            for name, t in model.state_dict().items()}
+
+
 def causal_mask(lengths: list[int], width: int) -> torch.Tensor:
     """[B, 1, T, T] True where a query may attend: causal, and never to right padding."""
     idx = torch.arange(width)
