@@ -5,7 +5,7 @@ import torch
 from aspc.rl.data import HELD_OUT, DataError, PromptSource
 from aspc.backends.cpu.generator import BatchGenerator
 from aspc.rl.losses import gae, group_advantages, overlong_penalty, policy_loss
-from aspc.backends.cpu.model import KVCache, TinyQwen, cache_mask, causal_mask
+from aspc.backends.cpu.model import KVCache, TinyQwen, cache_mask, causal_mask, compute_in
 from aspc.rl.rewards import RewardError, WeightedReward, exact_match, math_verify, numeric_match
 from aspc.rl.tasks import example
 from aspc.rl.tokenizer import decode, encode
@@ -14,17 +14,20 @@ from aspc.ir.facts import ModelArch
 ARCH = ModelArch(layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=64, vocab=32, tied=True, max_seq=64)
 
 
-def test_cached_decoding_equals_the_full_forward():
-    model = TinyQwen(ARCH, seed=1).eval()
+@pytest.mark.parametrize("dtype, atol", [("fp32", 1e-5), ("bf16", 0.05)])
+def test_cached_decoding_equals_the_full_forward(dtype, atol):
+    """bf16 (tests/test_mixed_precision.py): its keys and values go into the fp32 cache as fp32."""
+    model = compute_in(TinyQwen(ARCH, seed=1), dtype).eval()
     tokens = torch.randint(3, 20, (2, 10))
     positions = torch.arange(10)[None].expand(2, 10)
-    full = model(tokens, positions, causal_mask([10, 10], 10))
-    cache, slots = KVCache(ARCH, 4, 64), torch.tensor([3, 1])
-    outs = [model(tokens[:, :6], positions[:, :6], cache_mask(positions[:, :6]), cache, slots)[:, -1]]
-    for t in range(6, 10):
-        p = torch.full((2, 1), t)
-        outs.append(model(tokens[:, t:t + 1], p, cache_mask(p), cache, slots)[:, 0])
-    assert torch.allclose(full[:, 5:], torch.stack(outs, 1), atol=1e-5)
+    with torch.no_grad():
+        full = model(tokens, positions, causal_mask([10, 10], 10))
+        cache, slots = KVCache(ARCH, 4, 64), torch.tensor([3, 1])
+        outs = [model(tokens[:, :6], positions[:, :6], cache_mask(positions[:, :6]), cache, slots)[:, -1]]
+        for t in range(6, 10):
+            p = torch.full((2, 1), t)
+            outs.append(model(tokens[:, t:t + 1], p, cache_mask(p), cache, slots)[:, 0])
+    assert torch.allclose(full[:, 5:].float(), torch.stack(outs, 1).float(), atol=atol)
 
 
 def test_initialisation_is_deterministic_per_seed():

@@ -1,7 +1,8 @@
 """A model's `dtype` on the CPU backend: bf16 computes its matrix products in bf16 over fp32 weights
 and optimizer state (mixed precision, as Megatron's bf16 keeps fp32 main parameters); fp16 and fp32
 compute in fp32. The learner, the reference, a reward model and the project's generator all follow
-the plan; vLLM gets the same dtype (tests/test_vllm_engine.py runs it)."""
+the plan; vLLM gets the same dtype (tests/test_vllm_engine.py runs it). The generator's cache with
+a bf16 model: tests/test_cpu_backend.py."""
 import copy
 
 import pytest
@@ -72,23 +73,6 @@ def test_the_cpu_backend_builds_the_actor_reference_and_generator_in_the_plans_d
     assert learner.actor.compute_dtype == learner.ref.compute_dtype == torch.bfloat16
     assert executors.generation_engine(0, 1).model.compute_dtype == torch.bfloat16
     assert all(p.dtype == torch.float32 for p in learner.actor.parameters())
-
-
-def test_a_bf16_model_generates_with_its_cache_as_its_full_forward_does():
-    """The project's generator keeps its KV cache in fp32; a bf16 model's keys and values go in as fp32."""
-    from aspc.backends.cpu.model import KVCache, cache_mask, causal_mask
-
-    model = compute_in(TinyQwen(ARCH, seed=1), "bf16").eval()
-    tokens = torch.randint(3, 20, (2, 10))
-    positions = torch.arange(10)[None].expand(2, 10)
-    with torch.no_grad():
-        full = model(tokens, positions, causal_mask([10, 10], 10))
-        cache, slots = KVCache(ARCH, 4, 64), torch.tensor([3, 1])
-        outs = [model(tokens[:, :6], positions[:, :6], cache_mask(positions[:, :6]), cache, slots)[:, -1]]
-        for t in range(6, 10):
-            p = torch.full((2, 1), t)
-            outs.append(model(tokens[:, t:t + 1], p, cache_mask(p), cache, slots)[:, 0])
-    assert torch.allclose(full[:, 5:].float(), torch.stack(outs, 1).float(), atol=0.05)
 
 
 def test_a_bf16_models_engines_get_its_weights_in_bf16():
