@@ -127,7 +127,11 @@ def test_an_error_the_sigterm_caused_still_saves_the_steps_and_exits_143(tmp_pat
                 raise RuntimeError("a reply read half-way") from None
 
     monkeypatch.setattr(LocalRuntime, "_record", record_then_sigterm)
-    result = CliRunner().invoke(main, command(tmp_path, steps=10, every=1000)[3:])
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a test before may have left SIG_IGN
+    try:
+        result = CliRunner().invoke(main, command(tmp_path, steps=10, every=1000)[3:])
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert result.exit_code == 143, (result.output, result.exception)
     assert "SIGTERM cut a call short (RuntimeError: a reply read half-way)" in result.output
     assert "stopped by SIGTERM after step 3" in result.output and "--resume" in result.output
