@@ -10,6 +10,8 @@ stream, norms and softmax stay fp32, and the optimizer updates the fp32 weights 
 as Megatron's `bf16` keeps fp32 main parameters. fp16 and fp32 compute in fp32."""
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -166,7 +168,10 @@ class TinyQwen(nn.Module):
 COMPUTE_DTYPES = {"bf16": torch.bfloat16}  # a plan's dtype -> what the CPU computes in; others fp32
 
 
-def compute_in(model: nn.Module, dtype: str) -> nn.Module:
+Module = TypeVar("Module", bound=nn.Module)
+
+
+def compute_in(model: Module, dtype: str) -> Module:
     """`model` (and every decoder inside it, e.g. a reward model's) computing in its plan's `dtype`:
     bf16 under autocast over fp32 weights, fp16 and fp32 in fp32 (the module's docstring)."""
     for module in model.modules():

@@ -316,7 +316,7 @@ class _LearnerServer:
         return ({"actor": l.actor, "reference": l.ref, "critic": l.critic},
                 {"actor": l.optimizer, "critic": l.critic_optimizer})
 
-    def save(self, writer, error_type: type, directory, version: int) -> str | None:
+    def save(self, writer, error_type: type[Exception], directory, version: int) -> str | None:
         """`writer(directory, version, models, optimizers)` run here on the learner's own state; a
         failure of the kind `error_type` (the factory's CheckpointError) comes back as its message."""
         try:
@@ -354,6 +354,6 @@ class ProcessLearner:
     def parts(self) -> tuple[dict, dict]:
         return self.child.call("parts")
 
-    def save(self, writer, error_type: type, directory, version: int) -> str | None:
+    def save(self, writer, error_type: type[Exception], directory, version: int) -> str | None:
         """The checkpoint written by the learner's process (a failed write: its message)."""
         return self.child.call("save", writer, error_type, directory, version)
