@@ -112,6 +112,7 @@ def test_an_error_the_sigterm_caused_still_saves_the_steps_and_exits_143(tmp_pat
     its message, naming the error (CI saw exit 130 and no checkpoint once)."""
     from click.testing import CliRunner
 
+    from aspc.cli import interrupts
     from aspc.cli.main import main
     from aspc.drivers.local.runtime import LocalRuntime
 
@@ -127,7 +128,8 @@ def test_an_error_the_sigterm_caused_still_saves_the_steps_and_exits_143(tmp_pat
                 raise RuntimeError("a reply read half-way") from None
 
     monkeypatch.setattr(LocalRuntime, "_record", record_then_sigterm)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a test before may have left SIG_IGN
+    monkeypatch.setattr(interrupts, "_interrupts", interrupts._Interrupts())  # the SIGTERM's mark stays here
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # an earlier test may have replaced it
     try:
         result = CliRunner().invoke(main, command(tmp_path, steps=10, every=1000)[3:])
     finally:
