@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from aspc.rl.hf_tokenizer import HfError
-from aspc.backends.cpu.model import TinyQwen
+from aspc.backends.cpu.model import TORCH_DTYPES, TinyQwen
 from aspc.ir.facts import ModelArch
 
 _TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
@@ -25,7 +25,6 @@ _LAYER = {  # within blocks.N. (ours) and model.layers.N. (theirs)
     **{f"attn.{p}.{kind}": f"self_attn.{p}_proj.{kind}" for p in "qkvo" for kind in ("weight", "bias")},
     **{f"mlp.{p}.weight": f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")},
 }
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 CONFIG_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 _NOT_COPIED = re.compile(r"^(config\.json|(model|pytorch_model).*\.(safetensors|bin)(\.index\.json)?)$")
 

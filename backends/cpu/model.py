@@ -165,7 +165,13 @@ class TinyQwen(nn.Module):
         return self.value(self.hidden_states(tokens, positions, mask)).squeeze(-1)
 
 
-COMPUTE_DTYPES = {"bf16": torch.bfloat16}  # a plan's dtype -> what the CPU computes in; others fp32
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def cpu_compute_dtype(dtype: str) -> str:
+    """The dtype a model whose plan says `dtype` computes in on the CPU backend (the learner and
+    vLLM alike): bf16 stays bf16; fp16 and fp32 compute in fp32 (a CPU has no fast fp16 products)."""
+    return "bf16" if dtype == "bf16" else "fp32"
 
 
 Module = TypeVar("Module", bound=nn.Module)
@@ -176,7 +182,7 @@ def compute_in(model: Module, dtype: str) -> Module:
     bf16 under autocast over fp32 weights, fp16 and fp32 in fp32 (the module's docstring)."""
     for module in model.modules():
         if isinstance(module, TinyQwen):
-            module.compute_dtype = COMPUTE_DTYPES.get(dtype, torch.float32)
+            module.compute_dtype = TORCH_DTYPES[cpu_compute_dtype(dtype)]
     return model
 
 

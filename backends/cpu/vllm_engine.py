@@ -14,10 +14,12 @@ import os
 from pathlib import Path
 
 from aspc.backends.cpu.generator import PolicyWeights
-from aspc.backends.cpu.hf_weights import to_hf
+from aspc.backends.cpu.hf_weights import CONFIG_DTYPES, to_hf
+from aspc.backends.cpu.model import cpu_compute_dtype
 from aspc.backends.vllm.engine import VllmEngine, engine_options
 from aspc.backends.vllm.gloo_transfer import GlooSender
 from aspc.backends.vllm.transfer import TRANSFER_CALLS
+from aspc.ir.facts import DTYPE_BYTES
 from aspc.plan.execution_plan import ExecutionPlan, StagePlan
 from aspc.platforms import PLATFORMS
 
@@ -51,10 +53,10 @@ def launch_of(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None, slot
     data = plan.dataset(stage.data)
     max_model_len = data.max_prompt + options["max_tokens"]
     directory = Path(model.checkpoint) if base_dir is None else (base_dir / model.checkpoint).resolve()
-    dtype = VLLM_DTYPES.get(model.dtype, "float32")  # as the learner computes (model.py's compute_in)
-    config = {"model": str(directory), "dtype": dtype, "seed": 0, "max_model_len": max_model_len,
+    computed = cpu_compute_dtype(model.dtype)  # as the learner computes (model.py's compute_in)
+    config = {"model": str(directory), "dtype": CONFIG_DTYPES[computed], "seed": 0, "max_model_len": max_model_len,
               "max_num_seqs": slots, "enforce_eager": True, "distributed_executor_backend": "uni",
-              "kv_cache_memory_bytes": kv_cache_bytes(model.arch, slots, max_model_len, ELEMENT_BYTES[dtype]),
+              "kv_cache_memory_bytes": kv_cache_bytes(model.arch, slots, max_model_len, DTYPE_BYTES[computed]),
               "load_format": "dummy",  # the first refresh brings the learner's weights
               "weight_transfer_config": {"backend": CPU.weight_transfer}, **engine_options(max_model_len)}
     if model.arch.tied:  # a head of its own, refreshed as lm_head.weight (see `hf_tensors`)
@@ -63,11 +65,7 @@ def launch_of(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None, slot
     return {"config": config, "micro_batching": {"sampling": sampling, "weight_refresh": {"calls": TRANSFER_CALLS}}}
 
 
-VLLM_DTYPES = {"bf16": "bfloat16"}  # a plan's dtype -> vLLM's; fp16 and fp32 run in float32, as the learner
-ELEMENT_BYTES = {"bfloat16": 2, "float32": 4}
-
-
-def kv_cache_bytes(arch, slots: int, max_model_len: int, element_bytes: int = 4) -> int:
+def kv_cache_bytes(arch, slots: int, max_model_len: int, element_bytes: int) -> int:
     """Room for `slots` whole sequences of keys and values (in the engine's dtype), each in whole KV
     blocks: the CPU engine holds as many sequences at once as the project's generator would."""
     per_token = 2 * arch.layers * arch.kv_heads * arch.head_dim * element_bytes
