@@ -1,4 +1,4 @@
-"""Agentic episodes on vLLM engines (backends/ascend/episodes.py), on CPU: one episode's turns
+"""Agentic episodes on vLLM engines (backends/vllm/episodes.py), on CPU: one episode's turns
 through EpisodeEngine over a scripted vLLM (a stop at the call, the next turn a token prompt of the
 whole history), and `aspc run pipelines/tiny_agentic.aspl --backend ascend` against `--backend cpu`
 with test_ascend_executors' fakes, FakeLLM honouring per-request stop tokens, budgets and seeds as
@@ -11,7 +11,7 @@ import shutil
 from types import SimpleNamespace
 
 from aspc.algorithms.slots import default_slots
-from aspc.backends.ascend.episodes import EpisodeEngine, EpisodeSettings, tool_format, turn_seed
+from aspc.backends.vllm.episodes import EpisodeEngine, EpisodeSettings, tool_format, turn_seed
 from aspc.backends.ascend.run_executors import AscendExecutors
 from aspc.backends.cpu.episodes import EpisodeGenerator
 from aspc.backends.cpu.executors import CpuExecutors

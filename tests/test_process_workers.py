@@ -106,3 +106,26 @@ def test_a_learner_process_writes_its_own_checkpoints_equal_to_one_saved_from_th
         load(where, m, o)
     for name, tensor in models[0][0]["actor"].state_dict().items():
         assert (tensor - models[1][0]["actor"].state_dict()[name]).abs().max() < 1e-4, name
+
+
+def test_an_engine_that_cannot_go_to_its_process_starts_none_and_leaves_none_running(monkeypatch):
+    """Instance 1 cannot be pickled: the build fails naming why, and instance 0's process, already
+    started, ends (before, it waited on its pipe and Python's exit waited on it forever)."""
+    engine_of = CpuExecutors.generation_engine
+
+    def second_unpicklable(self, index: int, instances: int):
+        engine = engine_of(self, index, instances)
+        if index == 1:
+            engine.unpicklable = lambda: None
+        return engine
+
+    monkeypatch.setattr(CpuExecutors, "generation_engine", second_unpicklable)
+    path = ROOT / "pipelines" / "tiny_grpo.aspl"  # two instances
+    run = LocalRuntime(compile_with_passes(path, [], "sync").plan(), path.parent,
+                       RunOptions(steps=1, warmstart_steps=1, workers="processes"), CpuExecutors)
+    with pytest.raises((AttributeError, TypeError), match="pickle"):
+        run.build()
+    first = run.gen_workers[0].generator.child.process
+    first.join(timeout=60)
+    assert first.exitcode is not None
+    assert not hasattr(run.gen_workers[1].generator, "child")  # its process never started

@@ -221,3 +221,37 @@ def test_a_killed_engine_process_stops_the_run_naming_it_and_keeps_every_finishe
     steps = [r["step"] for r in metrics_rows(metrics) if isinstance(r.get("step"), int)]
     assert steps == list(range(1, step + 1))  # every finished step has its row, and its checkpoint
     assert (checkpoints / f"step-{step:06d}").is_dir()
+
+
+def test_the_head_sizes_refused_before_the_run_are_the_ones_vllm_cpus_attention_refuses():
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    from aspc.backends.cpu.vllm_engine import HEAD_DIMS
+
+    assert tuple(CPUAttentionBackend.get_supported_head_sizes()) == HEAD_DIMS
+
+
+def test_agentic_episodes_of_a_custom_model_run_on_vllm_turn_by_turn(tmp_path):
+    """tiny_agentic with engine = vllm (heads of 32): each turn a request on the whole history as
+    token ids, stopped at the compact call's `]`, resumed with the tool's result (mask 0). The
+    episodes call the tool and take more than one turn, and the engine's log-probs of the model's
+    tokens are the trainer's recompute: the custom model's Llama config.json is its layer."""
+    from conftest import ROOT
+
+    text = (ROOT / "pipelines" / "tiny_agentic.aspl").read_text()
+    text = text.replace("heads = 4, kv_heads = 2", "heads = 2, kv_heads = 1")
+    text = text.replace("temperature = 1.0 }", "temperature = 1.0, engine = vllm }")
+    assert text.count("engine = vllm") == 1 and "heads = 2, kv_heads = 1" in text
+    (tmp_path / "agentic.aspl").write_text(text)
+    (tmp_path / "tiny_tools.py").write_text((ROOT / "pipelines" / "tiny_tools.py").read_text())
+    metrics = tmp_path / "m.jsonl"
+    result = subprocess.run([sys.executable, "-m", "aspc.cli.main", "run", str(tmp_path / "agentic.aspl"),
+                             "--steps", "2", "--warmstart", "300", "--metrics", str(metrics)],
+                            capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    rows = [r for r in metrics_rows(metrics) if isinstance(r.get("step"), int)]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["tool_calls"] > 0 and r["turns"] > 1 for r in rows), [(r["tool_calls"], r["turns"]) for r in rows]
+    compared = [r for r in rows if "mismatch_abs" in r]
+    assert compared and all(r["mismatch_max"] < TOLERANCE for r in compared), [r["mismatch_max"] for r in compared]

@@ -37,7 +37,7 @@ from aspc.backends.ascend.critic import PolicyWithCritic, critic_refusals
 from aspc.backends.ascend.engine_actor import VllmEngine
 from aspc.backends.ascend.engine_args import IPC_ENV
 from aspc.backends.ascend.engine_group import EngineGroup
-from aspc.backends.ascend.episodes import EpisodeEngine, EpisodeSettings, tool_format
+from aspc.backends.vllm.episodes import EpisodeEngine, EpisodeSettings, tool_format
 from aspc.backends.ascend.lowering import lower
 from aspc.backends.ascend.process_env import node_address, node_addresses_from_env
 from aspc.backends.ascend.scorers import close_scorers, scorer_refusals, stage_scorer

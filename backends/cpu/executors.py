@@ -18,7 +18,7 @@ from aspc.backends.cpu.model import TinyQwen, compute_in, published_state
 from aspc.backends.cpu.reward_model import TRAIN_HINT, checkpoint_path, load_reward_model
 from aspc.backends.cpu.scoring import build_terms
 from aspc.backends.cpu.warmstart import warm_start
-from aspc.controller.episodes import MASKED
+from aspc.controller.episodes import MASKED, EpisodePolicy
 from aspc.plan.execution_plan import ExecutionPlan, ModelPlan, StageRefusal
 from aspc.rl import checkpoint
 from aspc.rl.checkpoint import CheckpointError
@@ -85,16 +85,26 @@ class CpuExecutors:
         slots = default_slots(self.data.samples_per_step, instances, self.data.group, options.get("max_num_seqs"),
                               self.gen_stage.parallel.dp)
         if options.get("engine") == "vllm":
-            from aspc.backends.cpu.vllm_engine import CpuVllmEngine, launch_of
-
-            return CpuVllmEngine(launch_of(self.plan, self.gen_stage, self.base_dir, slots), index,
-                                 self.snapshot(), self.tokenizer.eos_ids)
+            return self._vllm_engine(index, slots)
         if self.environment is not None:
             return agentic.episode_generator(copy.deepcopy(self.actor).eval(), slots, options,
                                              self.gen_stage.batching != "continuous", self.environment)
         return BatchGenerator(copy.deepcopy(self.actor).eval(), slots, options["max_tokens"],
                               options["temperature"], options["top_p"],
                               static=self.gen_stage.batching != "continuous", eos_ids=self.tokenizer.eos_ids)
+
+    def _vllm_engine(self, index: int, slots: int) -> GenerationEngine:
+        """vLLM-CPU (vllm_engine.py); an environment stage's episodes on it, in the compact format."""
+        from aspc.backends.cpu.vllm_engine import CpuVllmEngine, CpuVllmEpisodes, launch_of
+        from aspc.backends.vllm.episodes import EpisodeSettings, tool_format
+
+        launch = launch_of(self.plan, self.gen_stage, self.base_dir, slots)
+        if self.env_stage is None:
+            return CpuVllmEngine(launch, index, self.snapshot(), self.tokenizer.eos_ids)
+        options = dict(self.env_stage.options)
+        settings = EpisodeSettings(EpisodePolicy.of(self.env_stage), tool_format(options, self.tokenizer),
+                                   options["max_tool_tokens"], self.tokenizer.eos_ids)
+        return CpuVllmEpisodes(launch, index, self.snapshot(), self.tokenizer.eos_ids, settings=settings)
 
     def trainer(self) -> Learner:
         """The learner (reward, reference, critic, policy update) over the same actor; built after
@@ -250,8 +260,8 @@ def unsupported_stages(plan: ExecutionPlan) -> list[StageRefusal]:
 
 
 def _refused_vllm(plan: ExecutionPlan) -> list[StageRefusal]:
-    """`engine = vllm` on a CPU: an hf(...) model's single-turn generation, continuously batched,
-    with vLLM installed (backends/cpu/vllm_engine.py)."""
+    """`engine = vllm` on a CPU: an hf(...) or custom model's generation (episodes too), continuously
+    batched, in head sizes vLLM-CPU's attention takes, with vLLM installed (backends/cpu/vllm_engine.py)."""
     found = []
     for stage in plan.stages_of("generate"):
         if dict(stage.options).get("engine") == "vllm":
@@ -263,14 +273,16 @@ def _refused_vllm(plan: ExecutionPlan) -> list[StageRefusal]:
 
 
 def _why_not_vllm(plan: ExecutionPlan, stage) -> tuple[str, str] | None:
-    from aspc.backends.cpu.vllm_engine import missing_vllm
+    from aspc.backends.cpu.vllm_engine import HEAD_DIMS, missing_vllm
 
-    if plan.model(stage.model).preset != "hf":
-        return (f"vLLM loads a Hugging Face checkpoint, and model '{stage.model}' is not one",
-                f'declare model {stage.model} = hf("DIR"), or remove engine = vllm')
-    if plan.stages_of("environment"):
-        return ("tool-using episodes run on the project's generator on a CPU (vLLM episodes run on NPUs)",
-                "remove engine = vllm")
+    model = plan.model(stage.model)
+    if model.preset not in ("hf", "custom"):
+        return (f"vLLM runs a Hugging Face checkpoint or a custom model, and model '{stage.model}' is "
+                f"preset {model.preset}", f'declare model {stage.model} = hf("DIR") or custom, or remove engine = vllm')
+    if model.arch.head_dim not in HEAD_DIMS:
+        return (f"vLLM-CPU's attention takes heads of {', '.join(map(str, HEAD_DIMS))} dimensions, and model "
+                f"'{stage.model}' has {model.arch.head_dim} (hidden / heads)",
+                "choose heads so that hidden / heads is one of them, or remove engine = vllm")
     if stage.batching != "continuous":
         return ("vLLM batches continuously, and schedule sync-naive asks for static batches",
                 "use schedule sync or asp, or remove engine = vllm")

@@ -5,8 +5,8 @@ backend, whether the engine core runs in the caller's process) is a row of aspc/
 differs between vLLM releases is a row of versions.py. The driver's worker submits requests, steps
 the engine and takes finished samples; the controller's pool switches put it to sleep and wake it;
 its weight refresh is vLLM's weight-transfer protocol around a sender on the trainer's side (HCCL
-broadcast or NPU IPC on NPUs, gloo on a CPU: gloo_transfer.py). Agentic episodes run on the Ascend
-backend's subclass EpisodeEngine: one request per turn, stopped at the call.
+broadcast or NPU IPC on NPUs, gloo on a CPU: gloo_transfer.py). Agentic episodes run on its
+subclass EpisodeEngine (episodes.py): one request per turn, stopped at the call.
 
 Calls follow vLLM 0.23.0 and 0.32.0 (vllm/entrypoints/llm.py, vllm/v1/engine/llm_engine.py):
 continuous batching through `LLM.llm_engine.add_request` / `step` (the loop `LLM.generate` runs
@@ -24,6 +24,7 @@ chunked prefill off. vLLM is imported only when an engine starts (`vllm_api`).""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -55,6 +56,32 @@ def engine_environment(env: dict, placement: tuple[str, ...]):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+# vLLM warnings that say nothing is wrong for an RL engine, dropped in the engine's process (logger: message):
+# a refresh reloads each layer, and the rotary embedding's cos/sin cache has no checkpoint tensor, so vLLM
+# puts it back and warns at every step (vllm/model_executor/model_loader/reload/layerwise.py); and LLM()
+# renders a chat as a warm-up, which fails with a traceback when the engine reads token ids only
+# (skip_tokenizer_init; vllm/renderers/base.py): an RL engine's prompts are token ids, never chats.
+KNOWN_NOISE = {"vllm.model_executor.model_loader.reload.layerwise": "RotaryEmbedding: Failed to load weights",
+               "vllm.renderers.base": "Chat template warmup failed"}
+
+
+class _KnownNoise(logging.Filter):
+    def __init__(self, message: str):
+        super().__init__()
+        self.message = message
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != self.message
+
+
+def quiet_known_noise() -> None:
+    """Drop KNOWN_NOISE's warnings in this process (once)."""
+    for name, message in KNOWN_NOISE.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _KnownNoise) for f in logger.filters):
+            logger.addFilter(_KnownNoise(message))
 
 
 def engine_options(max_model_len: int) -> dict:
@@ -138,6 +165,7 @@ class VllmEngine:
         """The engine, started on first use: inside the actor that holds this instance, so the
         driver can hand the actor an unstarted copy."""
         if self._llm is None:
+            quiet_known_noise()
             with engine_environment(self.env, self.platform.placement_env):
                 self.api = self.api or vllm_api()  # imported here: vLLM reads VLLM_* variables as it loads
                 self._llm = self.api.LLM(**self.launch["config"])

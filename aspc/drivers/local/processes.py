@@ -155,6 +155,10 @@ class ChildProcess:
         """`title`: the process in a message ("the learner process"; default "the NAME process")."""
         context = start_fork_server([set_threads.__module__, *server.modules()])
         self.name, self.title = name, title or f"the {name} process"
+        # Pickled before the process starts: a server that cannot be pickled starts nothing. Sent
+        # with the first call, not here: the write blocks until the child, still importing torch,
+        # reads it, and the next child must not wait for that to start its own import.
+        self.server: bytes | None = pickle.dumps(server, protocol=pickle.HIGHEST_PROTOCOL)
         self.conn, child = context.Pipe()
         self.process = context.Process(target=_serve, args=(child, name, threads, set_threads, search_path,
                                                             dict(os.environ)), name=name, daemon=True)
@@ -168,9 +172,6 @@ class ChildProcess:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         child.close()
         self.lock = threading.Lock()  # one request at a time, whichever thread asks
-        # Sent with the first call, not here: the write blocks until the child, still importing
-        # torch, reads it, and the next child must not wait for that to start its own import.
-        self.server: bytes | None = pickle.dumps(server, protocol=pickle.HIGHEST_PROTOCOL)
 
     def _hand_over(self) -> None:
         """The server object, once, before the first request (under the lock)."""

