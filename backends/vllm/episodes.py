@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from aspc.backends.vllm.engine import Finished, VllmEngine
+from aspc.backends.vllm.engine import Finished, VllmEngine, resumed_seed
 from aspc.rl.tokenizer import SYMBOLS, CharTokenizer
 from aspc.rl.tool_calls import (COMPACT_CLOSE, HERMES_CLOSE, Call, PendingCall, compact_observation,
                                           hermes_observation, parse_compact, parse_hermes)
@@ -77,6 +77,7 @@ class EpisodeState:
     mask: list[int] = field(default_factory=list)  # 1: the model's token; 0: a tool's
     episode: Episode = field(default_factory=Episode)
     turn_start: int = 0  # where the current model turn starts in the response
+    aborts: int = 0  # of its requests, stopped and gone on from (VllmEngine.abort)
 
 
 def tool_format(environment: dict, tokenizer) -> ToolFormat:
@@ -151,12 +152,28 @@ class EpisodeEngine(VllmEngine):
         return self.resume(state.key, result)
 
     def completed(self, out) -> list[Finished]:
-        key, _, tokens, logprobs = self.sampled(out)
+        request, tokens, logprobs = self.sampled(out)
+        state = self.running.pop(request.key)
+        self._extend(state, tokens, logprobs)
+        return self._turn_ended(state)
+
+    def abort(self, key: Any) -> EpisodeState:  # type: ignore[override]
+        """The turn in flight stops where it is: its tokens so far join the history (the model's,
+        mask 1), and `resubmit` goes on with the same turn from there."""
+        _, tokens, logprobs = self._cut(key)
         state = self.running.pop(key)
+        self._extend(state, tokens, logprobs)
+        state.aborts += 1
+        return state
+
+    def resubmit(self, state: EpisodeState) -> None:  # type: ignore[override]
+        self._next_turn(state)
+
+    @staticmethod
+    def _extend(state: EpisodeState, tokens: list[int], logprobs: list[float]) -> None:
         state.response += tokens
         state.logprobs += logprobs
         state.mask += [1] * len(tokens)
-        return self._turn_ended(state)
 
     def _turn_ended(self, state: EpisodeState) -> list[Finished]:
         """The turn stopped: at an answer, a call, or its budget (the CPU generator's decisions)."""
@@ -204,8 +221,8 @@ class EpisodeEngine(VllmEngine):
         tokens, at least one: the CPU generator also samples a turn's first token before it checks."""
         budget = max(1, self.sampling["max_tokens"] - sum(state.mask))
         self.running[state.key] = state
-        self.submit(state.key, state.prompt + state.response, turn_seed(state.seed, state.episode.turns), budget,
-                    self.settings.format.stop_token_ids)
+        seed = resumed_seed(turn_seed(state.seed, state.episode.turns), state.aborts)
+        self.submit(state.key, state.prompt + state.response, seed, budget, self.settings.format.stop_token_ids)
 
     def _finish(self, state: EpisodeState) -> Finished:
         self.held.pop(state.key, None)
