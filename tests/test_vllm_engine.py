@@ -282,3 +282,40 @@ def test_agentic_episodes_of_a_custom_model_run_on_vllm_turn_by_turn(tmp_path):
     assert all(r["tool_calls"] > 0 and r["turns"] > 1 for r in rows), [(r["tool_calls"], r["turns"]) for r in rows]
     compared = [r for r in rows if "mismatch_abs" in r]
     assert compared and all(r["mismatch_max"] < TOLERANCE for r in compared), [r["mismatch_max"] for r in compared]
+
+
+def test_ray_runs_the_engine_in_its_actor_and_restarts_a_killed_one_with_the_current_weights(tmp_path):
+    """`--runtime ray`: the vLLM engine starts inside its generation actor; killed after step 2, the
+    actor is restarted with a fresh engine (the unstarted template) that takes the weights trained
+    so far: every step trains its samples, and the mismatch after the restart is rounding again."""
+    ray = pytest.importorskip("ray")
+    import threading
+
+    from aspc.backends.cpu.executors import CpuExecutors
+    from aspc.cli.toolchain import compile_with_passes
+    from aspc.drivers.local.runtime import RunOptions
+    from aspc.drivers.ray.runtime import RayRuntime
+
+    path = write_pipeline(tmp_path, "sync")
+    runtime = RayRuntime(compile_with_passes(path, []).plan(), tmp_path, RunOptions(steps=5, warmstart_steps=0),
+                         CpuExecutors)
+    try:
+        runtime.build()
+        victim = runtime.gen_workers[0].generator.actor
+
+        def kill_after_two_steps():
+            deadline = time.time() + 300
+            while len(runtime.step_metrics) < 2 and time.time() < deadline:
+                time.sleep(0.05)
+            ray.kill(victim, no_restart=True)
+
+        killer = threading.Thread(target=kill_after_two_steps, daemon=True)
+        killer.start()
+        result = runtime.run()
+        killer.join()
+    finally:
+        ray.shutdown()
+    assert runtime.restarts.get(0) == 1
+    assert [m["step"] for m in result.metrics] == [1, 2, 3, 4, 5]
+    assert all(len(m["trained"]) == 8 for m in result.metrics)  # 4 prompts x group 2, none lost or twice
+    assert all(m["mismatch_max"] < TOLERANCE for m in result.metrics), [m.get("mismatch_max") for m in result.metrics]
