@@ -86,8 +86,9 @@ def test_a_learner_process_writes_its_own_checkpoints_equal_to_one_saved_from_th
     from aspc.rl.checkpoint import load, read_manifest
 
     pulled = []
-    parts = ProcessLearner.parts
-    monkeypatch.setattr(ProcessLearner, "parts", lambda self: pulled.append(1) or parts(self))
+    parts, adopt_into = ProcessLearner.parts, ProcessLearner.adopt_into
+    monkeypatch.setattr(ProcessLearner, "parts", lambda self: pulled.append("parts") or parts(self))
+    monkeypatch.setattr(ProcessLearner, "adopt_into", lambda self, *a: pulled.append("end") or adopt_into(self, *a))
     saved = {}
     for workers in ("threads", "processes"):
         path = ROOT / "pipelines" / "tiny_grpo.aspl"
@@ -98,7 +99,7 @@ def test_a_learner_process_writes_its_own_checkpoints_equal_to_one_saved_from_th
         run.build()
         run.run()
         saved[workers] = tmp_path / workers / "step-000002"
-    assert len(pulled) == 1  # at the end, for the held-out evaluation: not once per checkpoint
+    assert pulled == ["end"]  # at the end, for the held-out evaluation: not once per checkpoint
     manifests = [read_manifest(saved[w]) for w in ("threads", "processes")]
     assert [m["version"] for m in manifests] == [2, 2] and manifests[0]["config"] == manifests[1]["config"]
     models = [CpuExecutors.parts(CpuExecutors(plan, path.parent).trainer()) for _ in range(2)]
@@ -129,3 +130,14 @@ def test_an_engine_that_cannot_go_to_its_process_starts_none_and_leaves_none_run
     first.join(timeout=60)
     assert first.exitcode is not None
     assert not hasattr(run.gen_workers[1].generator, "child")  # its process never started
+
+
+def test_the_runs_end_brings_back_what_the_learner_changed_and_not_the_frozen_reference():
+    from aspc.drivers.local.processes import _LearnerServer
+
+    path = ROOT / "pipelines" / "tiny_grpo.aspl"
+    learner = CpuExecutors(compile_with_passes(path, [], "sync").plan(), path.parent).trainer()
+    server = _LearnerServer(learner)
+    trained, stepped = server.trained_parts()
+    assert trained == ["actor"] and stepped == ["actor"]  # tiny_grpo: no critic; the reference is frozen
+    assert server.part("model", "actor").keys() == learner.actor.state_dict().keys()

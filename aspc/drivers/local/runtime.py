@@ -180,7 +180,7 @@ class LocalRuntime:
         learner = self._learner_process()
         if learner is not None:
             try:
-                self._adopt_parts(*learner.parts())
+                learner.adopt_into(*self.executors.parts(self.learner))
             except (InstanceLost, WorkerProcessFailed) as error:
                 self.learner_lost = str(error)
             self.learner_worker.learner = self.learner
@@ -197,15 +197,6 @@ class LocalRuntime:
 
         learner = getattr(getattr(self, "learner_worker", None), "learner", None)
         return learner if isinstance(learner, ProcessLearner) else None
-
-    def _adopt_parts(self, models: dict, optimizers: dict) -> None:
-        mine, my_optimizers = self.executors.parts(self.learner)
-        for name, model in mine.items():
-            if model is not None:
-                model.load_state_dict(models[name].state_dict())
-        for name, optimizer in my_optimizers.items():
-            if optimizer is not None:
-                optimizer.load_state_dict(optimizers[name].state_dict())
 
     def _executor_worker(self, spec) -> ExecutorWorker:
         """The thread of one learner-side executor: the trainer's (named "learner"), a forward
