@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from aspc.backends.cpu.batching import make_batch, token_logprobs, token_values
+from aspc.backends.cpu.batching import shared_prompt_batch, token_logprobs, token_values
 from aspc.backends.cpu.generator import PolicyWeights
 from aspc.backends.cpu.model import published_state
 from aspc.rl.losses import NonFiniteError, step_divisor, value_loss
@@ -46,7 +46,7 @@ class Learner:
     @torch.no_grad()
     def values(self, rollouts: list[Rollout]) -> None:
         for chunk in self._micro_batches(rollouts):
-            batch = make_batch([(r.prompt, r.response) for r in chunk])
+            batch = shared_prompt_batch([(r.prompt, r.response) for r in chunk])
             values = token_values(self.critic, batch)
             for r, row, n in zip(chunk, values, batch.lengths):
                 r.values = row[:n].tolist()
@@ -59,7 +59,7 @@ class Learner:
         self._require_finite_advantages(rollouts, token_adv)
         for chunk_idx in self._micro_batch_indices(rollouts):
             chunk = [rollouts[i] for i in chunk_idx]
-            batch = make_batch([(r.prompt, r.response) for r in chunk])
+            batch = shared_prompt_batch([(r.prompt, r.response) for r in chunk])
             mask = batch.response_mask()
             if chunk[0].loss_mask is not None:  # tool tokens: attended to, in no loss term
                 mask = mask * _pad([r.loss_mask for r in chunk], batch.width)
@@ -163,8 +163,25 @@ class ReferencePass:
 
 
 def micro_batch_indices(rollouts: list[Rollout], micro_tokens: int) -> list[list[int]]:
-    lengths = [len(r.prompt) + len(r.response) for r in rollouts]
-    return first_fit_decreasing(lengths, max(micro_tokens, max(lengths)))
+    """Micro-batches of whole prompt groups, whose prompt goes through the model once
+    (batching.shared_prompt_batch), packed first-fit-decreasing by the tokens a group's row holds
+    (its prompt and every response) within `micro_tokens`; a group over it is split in pieces."""
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(rollouts):
+        groups.setdefault(tuple(r.prompt), []).append(i)
+    pieces: list[list[int]] = []
+    for prompt, members in groups.items():
+        piece, size = [], len(prompt)
+        for i in members:
+            grown = size + len(rollouts[i].response)
+            if piece and grown > micro_tokens:
+                pieces.append(piece)
+                piece, grown = [], len(prompt) + len(rollouts[i].response)
+            piece.append(i)
+            size = grown
+        pieces.append(piece)
+    sizes = [len(rollouts[piece[0]].prompt) + sum(len(rollouts[i].response) for i in piece) for piece in pieces]
+    return [[i for k in bin_ for i in pieces[k]] for bin_ in first_fit_decreasing(sizes, max(micro_tokens, max(sizes)))]
 
 
 @torch.no_grad()
@@ -172,7 +189,7 @@ def reference_logprobs(model, rollouts: list[Rollout], settings: TrainSettings) 
     """Sets each rollout's ref_logprobs: the frozen model's log-probs of its response tokens."""
     for idx in micro_batch_indices(rollouts, settings.micro_tokens):
         chunk = [rollouts[i] for i in idx]
-        batch = make_batch([(r.prompt, r.response) for r in chunk])
+        batch = shared_prompt_batch([(r.prompt, r.response) for r in chunk])
         logp, _ = token_logprobs(model, batch, settings.temperature)
         for r, row, n in zip(chunk, logp, batch.lengths):
             r.ref_logprobs = row[:n].tolist()
