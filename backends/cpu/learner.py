@@ -171,7 +171,8 @@ def micro_batch_indices(rollouts: list[Rollout], micro_tokens: int) -> list[list
         groups.setdefault(tuple(r.prompt), []).append(i)
     pieces: list[list[int]] = []
     for prompt, members in groups.items():
-        piece, size = [], len(prompt)
+        piece: list[int] = []
+        size = len(prompt)
         for i in members:
             grown = size + len(rollouts[i].response)
             if piece and grown > micro_tokens:
