@@ -84,6 +84,7 @@ def test_megatron_configs_construct_in_megatron_core(name):
         built = cls(**config)
         assert built.num_layers == config["num_layers"]
         assert built.tensor_model_parallel_size == config["tensor_model_parallel_size"]
+        assert built.hidden_dropout == built.attention_dropout == 0.0  # megatron's defaults are 0.1
 
 
 def test_a_tiny_gpt_model_builds_from_the_lowering(tmp_path):

@@ -33,6 +33,9 @@ def transformer_config(arch: ModelArch, dtype: str, par, recompute: bool,
         "tensor_model_parallel_size": par.tp, "pipeline_model_parallel_size": par.pp,
         "context_parallel_size": par.cp, "expert_model_parallel_size": par.ep,
         "sequence_parallel": par.tp > 1, "params_dtype": TORCH_DTYPES[dtype],
+        # no dropout (megatron-core's defaults are 0.1): the RL layer's learner, the spec this trainer is
+        # held to, has none, and the engine samples without it, so the first step's ratios would not be 1
+        "hidden_dropout": 0.0, "attention_dropout": 0.0,
     }
     config |= _pipeline_split(arch.layers, par.pp, dtype)
     if recompute:
