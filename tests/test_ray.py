@@ -43,21 +43,28 @@ def test_ray_gives_the_local_runtimes_samples_per_step():
     assert a[0]["reward"] == b[0]["reward"]
 
 
-def test_a_killed_generation_actor_is_restarted_and_no_sample_is_lost_or_duplicated():
-    runtime = RayRuntime(plan(), ROOT / "pipelines", RunOptions(steps=6, warmstart_steps=20), CpuExecutors)
+def run_killing_the_first_actor(runtime, after_steps: int = 2, wait_s: float = 120):
+    """Build and run `runtime`, killing gen[0]'s actor (no restart by Ray: the runtime's own) once
+    `after_steps` steps finished (or `wait_s` passed); the run's result."""
     runtime.build()
     victim = runtime.gen_workers[0].generator.actor
 
-    def kill_after_two_steps():
-        deadline = time.time() + 120
-        while len(runtime.step_metrics) < 2 and time.time() < deadline:
+    def kill_after_steps():
+        deadline = time.time() + wait_s
+        while len(runtime.step_metrics) < after_steps and time.time() < deadline:
             time.sleep(0.01)
         ray.kill(victim, no_restart=True)
 
-    killer = threading.Thread(target=kill_after_two_steps, daemon=True)
+    killer = threading.Thread(target=kill_after_steps, daemon=True)
     killer.start()
     result = runtime.run()
     killer.join()
+    return result
+
+
+def test_a_killed_generation_actor_is_restarted_and_no_sample_is_lost_or_duplicated():
+    runtime = RayRuntime(plan(), ROOT / "pipelines", RunOptions(steps=6, warmstart_steps=20), CpuExecutors)
+    result = run_killing_the_first_actor(runtime)
     assert runtime.restarts.get(0) == 1
     assert [m["step"] for m in result.metrics] == [1, 2, 3, 4, 5, 6]
     for m in result.metrics:

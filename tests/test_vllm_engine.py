@@ -289,30 +289,17 @@ def test_ray_runs_the_engine_in_its_actor_and_restarts_a_killed_one_with_the_cur
     actor is restarted with a fresh engine (the unstarted template) that takes the weights trained
     so far: every step trains its samples, and the mismatch after the restart is rounding again."""
     ray = pytest.importorskip("ray")
-    import threading
-
     from aspc.backends.cpu.executors import CpuExecutors
     from aspc.cli.toolchain import compile_with_passes
     from aspc.drivers.local.runtime import RunOptions
     from aspc.drivers.ray.runtime import RayRuntime
+    from test_ray import run_killing_the_first_actor
 
     path = write_pipeline(tmp_path, "sync")
     runtime = RayRuntime(compile_with_passes(path, []).plan(), tmp_path, RunOptions(steps=5, warmstart_steps=0),
                          CpuExecutors)
     try:
-        runtime.build()
-        victim = runtime.gen_workers[0].generator.actor
-
-        def kill_after_two_steps():
-            deadline = time.time() + 300
-            while len(runtime.step_metrics) < 2 and time.time() < deadline:
-                time.sleep(0.05)
-            ray.kill(victim, no_restart=True)
-
-        killer = threading.Thread(target=kill_after_two_steps, daemon=True)
-        killer.start()
-        result = runtime.run()
-        killer.join()
+        result = run_killing_the_first_actor(runtime, wait_s=300)
     finally:
         ray.shutdown()
     assert runtime.restarts.get(0) == 1

@@ -21,13 +21,13 @@ class Batch:
     tokens: torch.Tensor  # [B, T]
     positions: torch.Tensor
     mask: torch.Tensor  # attention mask
-    starts: list[int]  # index of the logit that predicts the first response token
+    starts: list[int]  # index of the logit that predicts the first response token, in a row of its own
     lengths: list[int]  # response lengths
     width: int  # longest response
     # per sequence and response token: the (row, column) whose logit predicts it, and the token
-    rows: torch.Tensor | None = None  # [B, width]; padding at (0, 0)
-    columns: torch.Tensor | None = None
-    targets: torch.Tensor | None = None
+    rows: torch.Tensor  # [B, width]; padding at (0, 0)
+    columns: torch.Tensor
+    targets: torch.Tensor  # padding PAD
 
     def response_mask(self) -> torch.Tensor:
         return (torch.arange(self.width)[None] < torch.tensor(self.lengths)[:, None]).float()
@@ -40,26 +40,31 @@ def make_batch(sequences: list[tuple[list[int], list[int]]]) -> Batch:
     for i, f in enumerate(full):
         tokens[i, :len(f)] = torch.tensor(f)
     positions = torch.arange(width)[None].expand(len(full), width)
-    return Batch(tokens, positions, causal_mask([len(f) for f in full], width),
-                 [len(p) - 1 for p, _ in sequences], [len(r) for _, r in sequences],
-                 max(len(r) for _, r in sequences))
+    starts = [len(p) - 1 for p, _ in sequences]
+    places = [(i, range(start, start + len(r))) for i, (start, (_, r)) in enumerate(zip(starts, sequences))]
+    return Batch(tokens, positions, causal_mask([len(f) for f in full], width), starts,
+                 [len(r) for _, r in sequences], max(len(r) for _, r in sequences), *_read_back(sequences, places))
+
+
+def prompt_groups(prompts) -> dict[tuple, list[int]]:
+    """The indices of equal prompts, by prompt, in the order each first appears."""
+    groups: dict[tuple, list[int]] = {}
+    for i, prompt in enumerate(prompts):
+        groups.setdefault(tuple(prompt), []).append(i)
+    return groups
 
 
 def shared_prompt_batch(sequences: list[tuple[list[int], list[int]]]) -> Batch:
     """The sequences with equal prompts in one row each (the module's notes); a sequence's response
     is read back at its own place (Batch.rows, columns, targets), in the order given."""
-    groups: dict[tuple, list[int]] = {}
-    for i, (prompt, _) in enumerate(sequences):
-        groups.setdefault(tuple(prompt), []).append(i)
+    groups = prompt_groups(p for p, _ in sequences)
     layouts = [_shared_row([sequences[i] for i in members]) for members in groups.values()]
     width = max(len(ids) for ids, _, _ in layouts)
     tokens = torch.full((len(layouts), width), PAD, dtype=torch.long)
     positions = torch.zeros((len(layouts), width), dtype=torch.long)
     mask = torch.eye(width, dtype=torch.bool).repeat(len(layouts), 1, 1, 1)  # padding sees itself only
     lengths = [len(r) for _, r in sequences]
-    longest = max(lengths)
-    rows = torch.zeros((len(sequences), longest), dtype=torch.long)
-    columns = torch.zeros((len(sequences), longest), dtype=torch.long)
+    places: list = [None] * len(sequences)
     for row, ((ids, pos, seen), members) in enumerate(zip(layouts, groups.values())):
         n = len(ids)
         tokens[row, :n], positions[row, :n] = torch.tensor(ids), torch.tensor(pos)
@@ -67,13 +72,11 @@ def shared_prompt_batch(sequences: list[tuple[list[int], list[int]]]) -> Batch:
         prompt = len(sequences[members[0]][0])
         offset = prompt
         for i in members:
-            length = lengths[i]
-            rows[i, :length] = row
             # the prompt's last token predicts the first response token; then the response's own tokens
-            columns[i, :length] = torch.tensor([prompt - 1] + list(range(offset, offset + length - 1)))[:length]
-            offset += length
-    return Batch(tokens, positions, mask, [len(p) - 1 for p, _ in sequences], lengths, longest, rows, columns,
-                 _targets(sequences, longest))
+            places[i] = (row, ([prompt - 1] + list(range(offset, offset + lengths[i] - 1)))[:lengths[i]])
+            offset += lengths[i]
+    return Batch(tokens, positions, mask, [len(p) - 1 for p, _ in sequences], lengths, max(lengths),
+                 *_read_back(sequences, places))
 
 
 def _shared_row(sequences: list[tuple[list[int], list[int]]]) -> tuple[list[int], list[int], torch.Tensor]:
@@ -90,26 +93,26 @@ def _shared_row(sequences: list[tuple[list[int], list[int]]]) -> tuple[list[int]
     return ids, positions, causal & same
 
 
-def _targets(sequences, width: int) -> torch.Tensor:
+def _read_back(sequences, places) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Batch.rows, columns and targets: sequence i's response tokens are predicted at row
+    places[i][0], columns places[i][1]."""
+    width = max(len(r) for _, r in sequences)
+    rows = torch.zeros((len(sequences), width), dtype=torch.long)
+    columns = torch.zeros((len(sequences), width), dtype=torch.long)
     targets = torch.full((len(sequences), width), PAD, dtype=torch.long)
-    for i, (_, response) in enumerate(sequences):
-        targets[i, :len(response)] = torch.tensor(response, dtype=torch.long)
-    return targets
+    for i, ((_, response), (row, where)) in enumerate(zip(sequences, places)):
+        n = len(response)
+        rows[i, :n], columns[i, :n] = row, torch.tensor(list(where), dtype=torch.long)
+        targets[i, :n] = torch.tensor(response, dtype=torch.long)
+    return rows, columns, targets
 
 
 def gather_responses(per_position: torch.Tensor, batch: Batch) -> torch.Tensor:
     """[B, T, ...] at the positions that predict each response token -> [B, width, ...] (zeros
     where a response is shorter than the longest)."""
-    if batch.rows is not None:
-        picked = per_position[batch.rows, batch.columns]
-        valid = batch.response_mask().to(picked.dtype)
-        return picked * valid.view(valid.shape + (1,) * (picked.dim() - 2))
-    rows = []
-    for i, (start, length) in enumerate(zip(batch.starts, batch.lengths)):
-        row = per_position[i, start:start + length]
-        pad = batch.width - length
-        rows.append(torch.cat([row, row.new_zeros((pad,) + row.shape[1:])]) if pad else row)
-    return torch.stack(rows)
+    picked = per_position[batch.rows, batch.columns]
+    valid = batch.response_mask().to(picked.dtype)
+    return picked * valid.view(valid.shape + (1,) * (picked.dim() - 2))
 
 
 def token_logprobs(model: TinyQwen, batch: Batch, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,8 +121,7 @@ def token_logprobs(model: TinyQwen, batch: Batch, temperature: float = 1.0) -> t
     TRL and verl do; temperature 0, greedy, reads the plain logits)."""
     hidden = gather_responses(model.hidden_states(batch.tokens, batch.positions, batch.mask), batch)
     logits = model.logits(hidden)  # the head over response positions only (TRL's logits_to_keep)
-    targets = batch.targets if batch.targets is not None else \
-        gather_responses(torch.roll(batch.tokens, -1, dims=1), batch)
+    targets = batch.targets
     logp_all = torch.log_softmax(logits.float() / (temperature or 1.0), -1)
     logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)

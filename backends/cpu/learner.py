@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from aspc.backends.cpu.batching import shared_prompt_batch, token_logprobs, token_values
+from aspc.backends.cpu.batching import prompt_groups, shared_prompt_batch, token_logprobs, token_values
 from aspc.backends.cpu.generator import PolicyWeights
 from aspc.backends.cpu.model import published_state
 from aspc.rl.losses import NonFiniteError, step_divisor, value_loss
@@ -166,22 +166,17 @@ def micro_batch_indices(rollouts: list[Rollout], micro_tokens: int) -> list[list
     """Micro-batches of whole prompt groups, whose prompt goes through the model once
     (batching.shared_prompt_batch), packed first-fit-decreasing by the tokens a group's row holds
     (its prompt and every response) within `micro_tokens`; a group over it is split in pieces."""
-    groups: dict[tuple, list[int]] = {}
-    for i, r in enumerate(rollouts):
-        groups.setdefault(tuple(r.prompt), []).append(i)
     pieces: list[list[int]] = []
-    for prompt, members in groups.items():
-        piece: list[int] = []
-        size = len(prompt)
+    sizes: list[int] = []
+    for prompt, members in prompt_groups(r.prompt for r in rollouts).items():
+        pieces.append([])
+        sizes.append(len(prompt))
         for i in members:
-            grown = size + len(rollouts[i].response)
-            if piece and grown > micro_tokens:
-                pieces.append(piece)
-                piece, grown = [], len(prompt) + len(rollouts[i].response)
-            piece.append(i)
-            size = grown
-        pieces.append(piece)
-    sizes = [len(rollouts[piece[0]].prompt) + sum(len(rollouts[i].response) for i in piece) for piece in pieces]
+            if pieces[-1] and sizes[-1] + len(rollouts[i].response) > micro_tokens:
+                pieces.append([])
+                sizes.append(len(prompt))
+            pieces[-1].append(i)
+            sizes[-1] += len(rollouts[i].response)
     return [[i for k in bin_ for i in pieces[k]] for bin_ in first_fit_decreasing(sizes, max(micro_tokens, max(sizes)))]
 
 

@@ -32,6 +32,7 @@ from aspc.backends.vllm.transfer import TRANSFER_CALLS
 from aspc.ir.facts import DTYPE_BYTES
 from aspc.plan.execution_plan import ExecutionPlan, StagePlan
 from aspc.platforms import PLATFORMS
+from aspc.rl.host import checkpoint_dir
 from aspc.rl.tokenizer import BOS, EOS
 
 CPU = PLATFORMS["cpu"]  # gloo: the plugin's backend name (gloo_transfer.BACKEND)
@@ -87,7 +88,7 @@ def _model_directory(model, base_dir: Path | None) -> str | None:
     """An hf(...) model's checkpoint directory; None for a custom model (CpuVllmEngine writes one)."""
     if model.preset != "hf":
         return None
-    return str(Path(model.checkpoint) if base_dir is None else (base_dir / model.checkpoint).resolve())
+    return str(checkpoint_dir(model, base_dir).resolve())
 
 
 def custom_config(arch, dtype: str) -> dict:
@@ -162,9 +163,9 @@ class CpuVllmEngine(VllmEngine):
             initial, self.initial = self.initial, None
             self.load_weights(initial)
 
-    def submit(self, key, ids, seed, max_tokens, stop_token_ids=()) -> None:
+    def submit(self, key, ids, seed, max_tokens, stop_token_ids=()) -> str:
         self._ready()
-        super().submit(key, ids, seed, max_tokens, stop_token_ids)
+        return super().submit(key, ids, seed, max_tokens, stop_token_ids)
 
     def step(self):
         self._ready()

@@ -218,10 +218,10 @@ class VllmEngine:
     def add(self, key: Any, ids: list[int], seed: int) -> None:
         self.submit(key, ids, seed, self.sampling["max_tokens"])
 
-    def submit(self, key: Any, ids: list[int], seed: int, max_tokens: int, stop_token_ids: tuple = ()) -> None:
-        """One request: `ids` is the whole prompt as token ids (a TokensPrompt); `stop_token_ids` also
-        end it (the stop token stays the last of the output's token_ids: vllm/v1/core/sched/utils.py
-        check_stop)."""
+    def submit(self, key: Any, ids: list[int], seed: int, max_tokens: int, stop_token_ids: tuple = ()) -> str:
+        """One request, its id returned: `ids` is the whole prompt as token ids (a TokensPrompt);
+        `stop_token_ids` also end it (the stop token stays the last of the output's token_ids:
+        vllm/v1/core/sched/utils.py check_stop)."""
         self._awake()
         request_id, self.submitted = f"{self.instance}-{self.submitted}", self.submitted + 1
         engine = self.llm.llm_engine  # started first: it brings vLLM's API
@@ -231,6 +231,7 @@ class VllmEngine:
                                          **({"stop_token_ids": list(stops)} if stops else {}))
         engine.add_request(request_id, {"prompt_token_ids": list(ids)}, params)
         self.requests[request_id] = _Request(key, self.version, list(ids), seed, max_tokens, tuple(stop_token_ids))
+        return request_id
 
     def step(self) -> list[Finished]:
         """One engine step; the samples it finished (a request still going keeps its output so far)."""
@@ -256,9 +257,10 @@ class VllmEngine:
         """Go on from an aborted request, under the weights loaded now: its prompt and tokens so far
         prefilled as one prompt, its budget what is left (at least a token). The sample finishes with
         the whole response, and the version of its first token."""
-        self.submit(partial.key, partial.prompt + partial.response, resumed_seed(partial.seed, partial.aborts),
-                    max(1, partial.max_tokens - len(partial.response)), partial.stop_token_ids)
-        self.requests[f"{self.instance}-{self.submitted - 1}"].carried = partial
+        request_id = self.submit(partial.key, partial.prompt + partial.response,
+                                 resumed_seed(partial.seed, partial.aborts),
+                                 max(1, partial.max_tokens - len(partial.response)), partial.stop_token_ids)
+        self.requests[request_id].carried = partial
 
     def _cut(self, key: Any) -> tuple[_Request, list[int], list[float]]:
         """Abort `key`'s request in vLLM: its record, and its tokens and log-probs so far."""
