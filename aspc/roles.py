@@ -163,7 +163,7 @@ class LearnerInActor(Executors, Protocol):
 
     def learner_address(self) -> str: ...  # the node of trainer rank 0
 
-    def engines_in_actors(self) -> None: ...  # the driver's actors start colocated engines, not the trainer
+    def engines_in_actors(self) -> None: ...  # the driver's actors start the engines (on the devices they hold)
 
     def unstarted_engine(self, index: int, instances: int) -> GenerationEngine: ...  # before it joins its group
 

@@ -22,6 +22,9 @@ class PipelineStage(torch.nn.Module):
     def set_input_tensor(self, tensor):
         self.input_tensor = tensor
 
+    def zero_grad_buffer(self):  # megatron DDP's, after each optimizer step (its gradients: .grad here)
+        self.zero_grad(set_to_none=True)
+
     def forward(self, input_ids, position_ids, attention_mask):
         w = self.whole
         cos, sin = w.cos[position_ids][:, None], w.sin[position_ids][:, None]

@@ -346,3 +346,28 @@ def test_a_colocated_engine_that_needs_more_starts_first_and_sleeps(aspc):
     node0 = script.split("# ---- node0 ----")[1].split("# ---- node1")[0]
     stages_in_order = [line.split("--stage ")[1].split()[0] for line in node0.splitlines() if "--stage" in line]
     assert stages_in_order[:4] == ["gen"] * 4 and "gen" not in stages_in_order[4:]
+
+
+def test_every_process_binds_hccl_and_gloo_sockets_to_one_interface(tmp_path, monkeypatch):
+    """HCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME in every launched process: ASPC_SOCKET_IFNAME when
+    given at compile time; otherwise the launch script sets SOCKET_IFNAME on each node (the
+    default-route interface) and the runtimes' own processes resolve it the same way."""
+    from aspc.backends.ascend.launch import launch_script
+    from aspc.backends.ascend.process_env import default_route_interface, resolved
+
+    plan = compile_with_passes(ROOT / "pipelines" / "grpo_7b.aspl").plan()
+    named = lower(plan, socket_ifname="enp189s0f0")
+    assert all(p.env["HCCL_SOCKET_IFNAME"] == p.env["GLOO_SOCKET_IFNAME"] == "enp189s0f0" for p in named.processes)
+    assert "\nSOCKET_IFNAME=" not in launch_script(named)
+    per_node = lower(plan)
+    assert all(p.env["HCCL_SOCKET_IFNAME"] == "${SOCKET_IFNAME}" for p in per_node.processes)
+    script = launch_script(per_node)
+    assert 'SOCKET_IFNAME="${ASPC_SOCKET_IFNAME:-$(ip -o -4 route show to default' in script
+    assert 'HCCL_SOCKET_IFNAME="${SOCKET_IFNAME}"' in script
+    routes = tmp_path / "route"
+    routes.write_text("Iface\tDestination\tGateway\nlo\t0000007F\t00000000\nbond0\t00000000\t0101A8C0\n")
+    assert default_route_interface(str(routes)) == "bond0" and default_route_interface(str(tmp_path / "none")) is None
+    env = {"RANK": "0", "HCCL_SOCKET_IFNAME": "${SOCKET_IFNAME}"}
+    assert resolved(env, {"ASPC_SOCKET_IFNAME": "eth1"}) == {"RANK": "0", "HCCL_SOCKET_IFNAME": "eth1"}
+    monkeypatch.setattr("aspc.backends.ascend.process_env.default_route_interface", lambda: None)
+    assert resolved(env, {}) == {"RANK": "0"}  # no interface known: HCCL and gloo choose

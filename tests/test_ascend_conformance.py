@@ -21,7 +21,7 @@ from wheel_sources import (Sources, accepts_any_keyword, dataclass_fields, dict_
 
 PIPELINES = sorted(p.stem for p in (ROOT / "pipelines").glob("*.aspl"))
 DOCUMENTED = ROOT / "tests" / "ascend_conformance"
-NPU_PACKAGES = ("vllm", "vllm_ascend", "megatron")
+NPU_PACKAGES = ("vllm", "vllm_ascend", "megatron", "torchair")
 
 
 @cache
@@ -39,6 +39,13 @@ def vllm():
 def vllm_ascend():
     return Sources.from_wheel(wheel("ASPC_VLLM_ASCEND_WHEEL", "vllm-ascend==0.23.0", "manylinux_2_34_x86_64"),
                               ("vllm_ascend",))
+
+
+@pytest.fixture(scope="module")
+def torchair():
+    """torchair as torch-npu 2.10.0 ships it (torch_npu/dynamo/torchair), imported as `torchair`."""
+    return Sources.from_wheel(wheel("ASPC_TORCH_NPU_WHEEL", "torch-npu==2.10.0"), ("torchair",),
+                              under="torch_npu/dynamo/")
 
 
 @pytest.fixture(scope="module")
@@ -217,23 +224,27 @@ def test_mindspeed_flags_are_documented(name):
 
 
 # ---- what the executors call ----
-def npu_sources(vllm, vllm_ascend, megatron_012) -> dict[str, Sources]:
-    return {"vllm": vllm, "vllm_ascend": vllm_ascend, "megatron": megatron_012}
+def npu_sources(vllm, vllm_ascend, megatron_012, torchair) -> dict[str, Sources]:
+    return {"vllm": vllm, "vllm_ascend": vllm_ascend, "megatron": megatron_012, "torchair": torchair}
 
 
 def executor_files() -> list[Path]:
-    """The Ascend backend's modules that import vLLM, vllm-ascend or megatron (inside functions)."""
+    """The Ascend backend's modules that import vLLM, vllm-ascend, megatron or torchair (inside functions)."""
     return [p for p in sorted((ROOT / "backends" / "ascend").glob("*.py"))
             if any(f"import {pkg}" in p.read_text() or f"from {pkg}" in p.read_text() for pkg in NPU_PACKAGES)]
 
 
 def foreign_names(tree: ast.Module) -> dict[str, tuple[str, str]]:
-    """Local name -> (module, imported name) for `from vllm... / megatron... import X`."""
+    """Local name -> (module, imported name) for `from vllm... / megatron... import X`; an imported
+    package itself (`import torchair`) -> (package, "")."""
     names = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in NPU_PACKAGES:
             for alias in node.names:
                 names[alias.asname or alias.name] = (node.module, alias.name)
+        if isinstance(node, ast.Import):
+            names |= {alias.asname or alias.name: (alias.name, "") for alias in node.names
+                      if alias.name.split(".")[0] in NPU_PACKAGES}
     return names
 
 
@@ -243,15 +254,16 @@ def unknown_names(tree: ast.Module, sources: dict[str, Sources]) -> list[str]:
     returning it) that those lack; keywords their functions and methods do not take."""
     imported = foreign_names(tree)
     problems = [f"{module}.{name}" for module, name in imported.values()
-                if not _module_has(sources[module.split(".")[0]], module, name)]
+                if name and not _module_has(sources[module.split(".")[0]], module, name)]
     instances = _instances(tree, imported)
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
             owner = imported.get(_dotted(node.value)) or instances.get(_dotted(node.value))
             if owner and not _has_attribute(sources[owner[0].split(".")[0]], owner, node.attr):
-                problems.append(f"{owner[1]}.{node.attr}")
+                problems.append(f"{owner[1] or owner[0]}.{node.attr}")
         if isinstance(node, ast.Call):
             problems += _unknown_keywords(node, imported, instances, sources)
+            problems += _unknown_dict_keys(node, imported, instances, sources)
     return problems
 
 
@@ -290,24 +302,52 @@ def _instances(tree, imported) -> dict[str, tuple[str, str]]:
 
 def _has_attribute(sources: Sources, owner: tuple[str, str], attr: str) -> bool:
     module, name = owner
+    if not name:  # an imported package: torchair.get_npu_backend
+        return sources.defines(module, attr)
     if f"{module}.{name}" in sources.texts:  # an imported module: parallel_state.initialize_model_parallel
         return sources.defines(f"{module}.{name}", attr)
     return attr in sources.members(name)
 
 
-def _unknown_keywords(call: ast.Call, imported, instances, sources) -> list[str]:
-    """Keywords that the imported function, module function, class constructor or method called here lacks."""
+def _callees(call: ast.Call, imported, instances, sources) -> tuple[Sources | None, list[ast.FunctionDef]]:
+    """The package and the definitions of the imported function, module function, class constructor
+    or method called here (none when the call is not to an imported name)."""
     func = call.func
     owner = _dotted(func.value) if isinstance(func, ast.Attribute) else ""
     if owner in imported or owner in instances:
         module, _ = imported.get(owner) or instances[owner]
-        candidates = sources[module.split(".")[0]].functions(func.attr)
-    elif isinstance(func, ast.Name) and func.id in imported:
+        package = sources[module.split(".")[0]]
+        return package, package.functions(func.attr)
+    if isinstance(func, ast.Name) and func.id in imported:
         module, name = imported[func.id]
         package = sources[module.split(".")[0]]
-        candidates = _constructors(package, name) if name[:1].isupper() else package.functions(name)
-    else:
+        return package, _constructors(package, name) if name[:1].isupper() else package.functions(name)
+    return None, []
+
+
+def _unknown_dict_keys(call: ast.Call, imported, instances, sources) -> list[str]:
+    """Keys of a dict literal passed to an imported function that it never reads: each key must be a
+    string the function's body names, or a field of the class it builds from that argument
+    (`Args(**trainer_args)`: HCCLWeightTransferEngine.trainer_send_weights)."""
+    package, candidates = _callees(call, imported, instances, sources)
+    literal = [a for a in [*call.args, *(k.value for k in call.keywords)] if isinstance(a, ast.Dict)]
+    keys = {k.value for d in literal for k in d.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+    if not keys or not candidates:
         return []
+    known = set()
+    for function in candidates:
+        for node in ast.walk(function):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                known.add(node.value)
+            if isinstance(node, ast.Call) and any(k.arg is None for k in node.keywords):
+                known |= package.members(getattr(node.func, "id", getattr(node.func, "attr", "")))
+    return [f"{_dotted(call.func) or getattr(call.func, 'attr', '')}({{{k!r}: ...}})" for k in sorted(keys - known)]
+
+
+def _unknown_keywords(call: ast.Call, imported, instances, sources) -> list[str]:
+    """Keywords that the imported function, module function, class constructor or method called here lacks."""
+    func = call.func
+    _, candidates = _callees(call, imported, instances, sources)
     if not candidates or any(accepts_any_keyword(f) for f in candidates):
         return []
     allowed = set().union(*(parameters(f) for f in candidates))
@@ -325,21 +365,25 @@ def _constructors(package: Sources, name: str, seen: frozenset = frozenset()) ->
     return found
 
 
-def test_executors_call_only_names_that_exist(vllm, vllm_ascend, megatron_012):
+def test_executors_call_only_names_that_exist(vllm, vllm_ascend, megatron_012, torchair):
     files = executor_files()
     assert files, "the Ascend executors import vLLM and megatron somewhere"
-    sources = npu_sources(vllm, vllm_ascend, megatron_012)
+    sources = npu_sources(vllm, vllm_ascend, megatron_012, torchair)
     problems = {p.name: unknown_names(ast.parse(p.read_text()), sources) for p in files}
     assert not any(problems.values()), f"names the real libraries lack: {problems}"
 
 
-def test_the_checker_finds_a_renamed_method(vllm, vllm_ascend, megatron_012):
+def test_the_checker_finds_a_renamed_method(vllm, vllm_ascend, megatron_012, torchair):
     source = ("def f():\n    from vllm import LLM\n    from megatron.core import parallel_state\n"
               "    llm = LLM(model='m')\n    llm.wake_up(tags=['weights'])\n    llm.reload_weights()\n"
               "    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2, tensor_parallel=2)\n"
               "class Engine:\n    @property\n    def llm(self):\n        self._llm = self.api.LLM(model='m')\n"
               "        return self._llm\n    def sleep(self):\n        self.llm.sleep(levels=1)\n"
               "        self.llm.update_weight({})\n")
-    problems = unknown_names(ast.parse(source), npu_sources(vllm, vllm_ascend, megatron_012))
+    source += ("def g():\n    import torchair\n    torchair.get_npu_backends()\n"
+               "    from vllm_ascend.distributed.weight_transfer.hccl_engine import HCCLWeightTransferEngine\n"
+               "    HCCLWeightTransferEngine.trainer_send_weights([], {'group': None, 'source': 0})\n")
+    problems = unknown_names(ast.parse(source), npu_sources(vllm, vllm_ascend, megatron_012, torchair))
     assert sorted(problems) == ["LLM.reload_weights", "LLM.update_weight",
-                                "initialize_model_parallel(tensor_parallel=)", "sleep(levels=)"]
+                                "initialize_model_parallel(tensor_parallel=)", "sleep(levels=)",
+                                "torchair.get_npu_backends", "trainer_send_weights({'source': ...})"]

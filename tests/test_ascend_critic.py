@@ -38,6 +38,9 @@ class PackedValueModel(GptStandIn):
             if p.grad is not None:
                 p.grad *= factor
 
+    def zero_grad_buffer(self):  # megatron DDP's, after each optimizer step (its gradients: .grad here)
+        self.zero_grad(set_to_none=True)
+
 
 class ClippedAdamW:
     """megatron's optimizer as the critic calls it: step() clips and steps, -> (ok, grad norm, _)."""
@@ -279,14 +282,15 @@ def test_the_critic_stage_builds_a_megatron_gpt_model_with_a_one_unit_output_lay
 
 
 def test_the_methods_the_critic_calls_on_megatron_objects_exist_in_both_versions(megatron_012):  # noqa: F811
-    """What the conformance AST check cannot follow (objects returned by MegatronTrainer._wrapped and
+    """What the conformance AST check cannot follow (objects returned by megatron_model.training_parts:
     get_megatron_optimizer): DDP.scale_gradients, the optimizer's step/zero_grad, GPTModel.output_layer."""
     pytest.importorskip("megatron.core")
     from megatron.core.distributed import DistributedDataParallel
     from megatron.core.optimizer import MegatronOptimizer
 
     old = megatron_012
-    for cls, names in ((DistributedDataParallel, ("scale_gradients",)), (MegatronOptimizer, ("step", "zero_grad"))):
+    for cls, names in ((DistributedDataParallel, ("scale_gradients", "zero_grad_buffer")),
+                       (MegatronOptimizer, ("step", "zero_grad"))):
         for name in names:
             assert hasattr(cls, name) and name in old.members(cls.__name__), (cls.__name__, name)
     assert "output_layer" in old.members("GPTModel")
@@ -296,14 +300,18 @@ def test_the_methods_the_critic_calls_on_megatron_objects_exist_in_both_versions
 
     from megatron.core.optimizer import OptimizerConfig
 
-    from aspc.backends.ascend import critic
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    from aspc.backends.ascend import megatron_model
     from wheel_sources import dataclass_fields
 
-    [call] = [n for n in ast.walk(ast.parse(inspect.getsource(critic)))
-              if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "OptimizerConfig"]
-    used = {k.arg for k in call.keywords}
-    assert used <= set(inspect.signature(OptimizerConfig).parameters)
-    assert used <= dataclass_fields(old, "megatron.core.optimizer.optimizer_config", "OptimizerConfig")
+    tree = ast.parse(inspect.getsource(megatron_model))  # training_parts: the trainer's and the critic's
+    for cls, module in ((OptimizerConfig, "megatron.core.optimizer.optimizer_config"),
+                        (DistributedDataParallelConfig, "megatron.core.distributed.distributed_data_parallel_config")):
+        [call] = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == cls.__name__]
+        used = {k.arg for k in call.keywords}
+        assert used and used <= set(inspect.signature(cls).parameters)
+        assert used <= dataclass_fields(old, module, cls.__name__)
 
 
 # ---- `aspc run tiny_ppo --backend ascend`, the platform faked ----

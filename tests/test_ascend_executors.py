@@ -470,6 +470,23 @@ def test_aspc_run_backend_ascend_refuses_what_the_npu_executors_do_not_run(aspc,
         AscendExecutors(compile_with_passes(separate_pools(tmp_path)).plan(), tmp_path)
 
 
+def test_separate_pool_engines_started_here_take_their_own_npus_not_rank_zeros(tmp_path, monkeypatch):
+    """The local runtime starts a separate pool's engines in this process after rank 0 set its one NPU
+    (ASCEND_RT_VISIBLE_DEVICES=0): each engine starts with the launch plan's NPUs instead; in Ray's
+    actors (engines_in_actors) the NPUs are those Ray's placement gives the actor."""
+    from aspc.backends.ascend.run_executors import AscendExecutors
+
+    monkeypatch.setattr(AscendExecutors, "check_launch", lambda self: None)  # tiny_grpo has no checkpoint
+    executors = AscendExecutors(compile_with_passes(separate_pools(tmp_path)).plan(), tmp_path)
+    monkeypatch.setitem(os.environ, "ASCEND_RT_VISIBLE_DEVICES", "0")  # rank 0's, as build_trainer sets it
+    for index in range(2):
+        process = next(p for p in executors.launch.processes if p.name == f"gen.{index}.dp0")
+        assert executors.engine_env(index)["ASCEND_RT_VISIBLE_DEVICES"] == ",".join(map(str, process.devices))
+    assert {executors.engine_env(i)["ASCEND_RT_VISIBLE_DEVICES"] for i in range(2)} == {"1", "2"}
+    executors.engines_in_actors()
+    assert "ASCEND_RT_VISIBLE_DEVICES" not in executors.engine_env(0)
+
+
 def test_published_weights_reach_an_engine_in_another_ray_actor_through_the_learners_handle():
     """Published inside the actor that holds the trainer's WeightSender, the weights leave it as a
     HandleSender; an engine in another actor starts and waits for its broadcast through that handle
@@ -780,32 +797,6 @@ def test_colocated_plans_the_npu_ipc_path_cannot_run_are_refused_at_the_generate
     two = compile_with_passes(ROOT / "pipelines" / "grpo_7b_colocated.aspl").plan()
     assert [r.option for r in AscendExecutors.unsupported(two)] == ["instances"]  # node 1's engines
     assert AscendExecutors.unsupported(two, "ray") == []  # an engine actor on each node
-
-
-def test_offload_frees_the_trainers_buffers_and_optimizer_state_and_onload_restores_them():
-    """megatron DDP's contiguous buffers (parameters are views into param_data) lose their storage
-    and keep their views; the optimizer's fp32 main parameters and Adam state go to host memory;
-    onload puts every value back (gradients zeroed, as after the optimizer step)."""
-    from aspc.backends.ascend.offload import offload_model, offload_optimizer
-
-    param_data, grad_data = torch.arange(6.0), torch.ones(6)
-    model_params = [torch.nn.Parameter(param_data[:4].view(2, 2)), torch.nn.Parameter(param_data[4:])]
-    ddp = SimpleNamespace(buffers=[SimpleNamespace(param_data=param_data, grad_data=grad_data)],
-                          expert_parallel_buffers=[], parameters=lambda: iter(model_params))
-    main = torch.nn.Parameter(torch.randn(3))
-    adam = torch.optim.Adam([main])
-    main.grad = torch.ones(3)
-    adam.step()
-    before = {"main": main.detach().clone(), **{k: v.clone() for k, v in adam.state[main].items()}}
-    optimizer = SimpleNamespace(chained_optimizers=[SimpleNamespace(optimizer=adam)])
-    restore = offload_model(ddp) + offload_optimizer(optimizer, ddp)
-    assert param_data.untyped_storage().size() == 0 and grad_data.untyped_storage().size() == 0
-    assert adam.state[main]["exp_avg"] is not None and len(restore) == 1 + 1 + len(adam.state[main])
-    for step in restore:
-        step()
-    assert torch.equal(param_data, torch.arange(6.0)) and torch.equal(model_params[0], torch.tensor([[0., 1], [2, 3]]))
-    assert torch.equal(grad_data, torch.zeros(6)) and torch.equal(main.detach(), before.pop("main"))
-    assert all(torch.equal(adam.state[main][k], v) for k, v in before.items())
 
 
 def test_every_rank_holds_the_whole_hf_model_for_the_engine_worker_on_its_npu():

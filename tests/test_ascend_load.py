@@ -162,29 +162,36 @@ def test_a_checkpoint_of_a_deeper_model_is_refused(one_rank, tmp_path):  # noqa:
 
 def test_the_frozen_reference_loads_the_reference_stages_checkpoint(one_rank, tmp_path, monkeypatch):  # noqa: F811
     """tiny_grpo's reference stage (frozen(actor)) names the checkpoint the trainer's ranks build their
-    frozen reference from: eval mode, no gradients, the checkpoint's weights; a reference of another
-    architecture is refused (it is built on the policy's ranks and layout). CPU: weights initialised on CPU."""
+    frozen reference from: eval mode, no gradients, the checkpoint's weights, compiled with the
+    reference stage's torchair config (compile_forward, checked against the torch-npu wheel in
+    test_torchair_conformance.py; torchair runs on NPUs only, so the call is recorded here); a
+    reference of another architecture is refused (it is built on the policy's ranks and layout).
+    CPU: weights initialised on CPU."""
     from aspc.backends.ascend import reference_model
-    from aspc.backends.ascend.reference_model import frozen_reference, reference_checkpoint
+    from aspc.backends.ascend.reference_model import frozen_reference, reference_stage
 
     build = reference_model.build_gpt
     monkeypatch.setattr(reference_model, "build_gpt",
                         lambda stage, args: build(stage, args, use_cpu_initialization=True))
+    compiled = []
+    monkeypatch.setattr(reference_model, "compile_forward", lambda model, config: compiled.append(config) or model)
 
     launch = lower(tiny_plan(), ROOT / "pipelines")
     stages = [dataclasses.asdict(s) for s in launch.stages]
     train = next(s for s in stages if s["kind"] == "train")
-    assert reference_checkpoint(stages, train) == next(s for s in stages if s["kind"] == "reference")[
-        "builders"]["checkpoint"]
-    assert reference_checkpoint([train], train) is None and frozen_reference(train, {}, None) is None
+    found = reference_stage(stages, train)
+    assert found is next(s for s in stages if s["kind"] == "reference") and found["compiler"]["mode"] == "max-autotune"
+    assert reference_stage([train], train) is None and frozen_reference(train, {}, None) is None
     arch = arch_of(train)
     full = random_full(arch, seed=7)
     write_checkpoint(tmp_path, reshard.to_hf(arch, full))
-    reference = frozen_reference(train, {"pre_process": True, "post_process": True}, str(tmp_path))
+    reference = frozen_reference(train, {"pre_process": True, "post_process": True},
+                                 found | {"builders": found["builders"] | {"checkpoint": str(tmp_path)}})
+    assert compiled == [found["compiler"]]
     assert not reference.training and not any(p.requires_grad for p in reference.parameters())
     fc2 = "decoder.layers.1.mlp.linear_fc2.weight"
     assert torch.equal(reference.state_dict()[fc2], full[fc2])
     deeper = copy.deepcopy(stages)
     next(s for s in deeper if s["kind"] == "reference")["config"]["num_layers"] = 3
     with pytest.raises(ValueError, match="reference model's architecture differs from the policy's"):
-        reference_checkpoint(deeper, train)
+        reference_stage(deeper, train)

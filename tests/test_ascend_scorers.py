@@ -18,6 +18,7 @@ from aspc.backends.ascend import scorers
 from aspc.backends.ascend.critic import ValueHead
 from aspc.backends.ascend.load_hf import CheckpointError
 from aspc.backends.ascend.lowering import lower
+from aspc.backends.ascend.process_env import resolved
 from aspc.backends.ascend.reward_model import NpuRewardModel, load_score_head
 from aspc.backends.ascend.run_executors import AscendExecutors
 from aspc.backends.ascend.scorer_process import ScorerFailed, ScorerProcess
@@ -113,7 +114,8 @@ def test_a_reward_stage_instance_is_the_cpu_scorer_with_the_reward_model_in_its_
     assert [r.reward for r in ours] == pytest.approx([r.reward for r in theirs], abs=5e-5)  # see above
     [spec] = specs
     rank0 = next(p for p in executors.launch.processes if p.stage == "score")
-    assert spec["role"] == "model" and spec["env"] == rank0.env and spec["env"]["RANK"] == "0"
+    assert spec["role"] == "model" and spec["env"]["RANK"] == "0"
+    assert spec["env"] == resolved(rank0.env)  # the socket interface resolved on this host (process_env.py)
     assert spec["rank_args"]["post_process"] is True and spec["stage"]["role"] == "megatron-forward"
 
 
@@ -326,6 +328,8 @@ def test_what_the_npu_scorers_cannot_serve_is_refused_at_the_score_stage(tmp_pat
 
 def test_a_scorer_on_another_node_is_refused_when_it_starts(monkeypatch):
     executors = cpu_with_launch(RLHF)
+    executors.launch = dataclasses.replace(executors.launch, processes=tuple(  # the score pool on a node of its own
+        dataclasses.replace(p, node=1) if p.stage == "score" else p for p in executors.launch.processes))
     monkeypatch.setenv("ASPC_NODES", "10.0.0.1,10.0.0.2")
     source = dict(executors.plan.stage("score").options)["sources"][0]
     with pytest.raises(ScorerFailed, match="node1"):

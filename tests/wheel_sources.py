@@ -46,12 +46,15 @@ class Sources:
     parsed: dict[str, ast.Module | None] = field(default_factory=dict)
 
     @classmethod
-    def from_wheel(cls, path: Path, packages: tuple[str, ...]) -> Sources:
+    def from_wheel(cls, path: Path, packages: tuple[str, ...], under: str = "") -> Sources:
+        """The .py files of `packages` in the wheel; `under`: a folder they sit in, dropped from the
+        module names (torch-npu ships torchair as torch_npu/dynamo/torchair, imported as torchair)."""
         sources = cls()
         with zipfile.ZipFile(path) as archive:
             for name in archive.namelist():
-                if name.endswith(".py") and name.split("/")[0] in packages:
-                    sources.add(name, archive.read(name).decode("utf-8", errors="replace"))
+                inner = name.removeprefix(under)
+                if name.startswith(under) and inner.endswith(".py") and inner.split("/")[0] in packages:
+                    sources.add(inner, archive.read(name).decode("utf-8", errors="replace"))
         return sources
 
     def add(self, filename: str, text: str) -> None:

@@ -43,11 +43,11 @@ def _launch_summary(launch):
 
 def _launch_plan(compiled):
     from aspc.backends.ascend.lowering import lower
-    from aspc.backends.ascend.process_env import node_addresses_from_env
+    from aspc.backends.ascend.process_env import node_addresses_from_env, socket_ifname_from_env
 
     try:
         return lower(compiled.plan(), Path(compiled.compilation.program.file).parent,  # tool modules beside it
-                     node_addresses_from_env())
+                     node_addresses_from_env(), socket_ifname_from_env())
     except ValueError as error:
         raise click.ClickException(f"cannot lower to Ascend: {error}") from None
 

@@ -20,8 +20,7 @@ import torch
 
 from aspc.backends.ascend.call_broadcast import CALLS, Leader, broadcast_call
 from aspc.backends.ascend.data_parallel import RankGroup, stage_groups
-from aspc.backends.ascend.megatron_model import build_gpt, load_checkpoint, materialize
-from aspc.backends.ascend.megatron_trainer import MegatronTrainer
+from aspc.backends.ascend.megatron_model import build_gpt, load_checkpoint, training_parts, zero_gradients
 from aspc.backends.ascend.offload import Offloadable
 from aspc.backends.ascend.packing import feed, pack, per_sequence
 from aspc.rl.losses import value_loss
@@ -104,17 +103,13 @@ class MegatronCritic(Offloadable):  # leaves the NPU with the policy trainer on 
     def build_rank(cls, stage: dict, rank_args: dict, settings):
         """This rank's critic from the critic stage's launch plan: the optimizer is the trainer's
         (Adam, decoupled weight decay as the CPU critic's AdamW) at the critic stage's lr."""
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         # the body from the critic model's checkpoint, the value head freshly initialised (verl)
-        model = MegatronTrainer._wrapped(load_checkpoint(value_model(stage, rank_args), stage, value_head=True))
-        config = OptimizerConfig(optimizer="adam", lr=settings.critic_lr, weight_decay=0.01,
-                                 clip_grad=settings.grad_clip, bf16=stage["config"].get("bf16", False),
-                                 params_dtype=materialize(stage["config"])["params_dtype"])
+        body = load_checkpoint(value_model(stage, rank_args), stage, value_head=True)
+        model, optimizer = training_parts(body, stage, settings.critic_lr, 0.01, settings.grad_clip)
         device = next(model.parameters()).device
-        return cls(stage, settings, model, get_megatron_optimizer(config, [model]), get_forward_backward_func(),
-                   stage_groups(stage, device))
+        return cls(stage, settings, model, optimizer, get_forward_backward_func(), stage_groups(stage, device))
 
     def _run(self, batches: list, loss_func, forward_only: bool) -> list:
         """megatron's schedule over `batches`; `loss_func(values [1, T], mb)` runs on the last
@@ -171,7 +166,7 @@ class MegatronCritic(Offloadable):  # leaves the NPU with the policy trainer on 
         loss = self.dp.total(self.pp.total(self.loss))  # the last stage's, on every stage
         self.model.scale_gradients(self.dp.gradient_scale(tokens))
         succeeded, grad_norm, _ = self.optimizer.step()
-        self.optimizer.zero_grad()
+        zero_gradients(self.model, self.optimizer)
         summary = {"value_loss": loss / tokens, "critic_grad_norm": float(grad_norm or 0.0)}
         self.tokens, self.loss = 0, 0.0
         return summary | ({} if succeeded else {"critic_update_skipped": True})

@@ -23,7 +23,7 @@ import os
 import sys
 
 from aspc.backends.ascend.megatron_model import materialize  # noqa: F401  (the launch plan's dtypes, for tests)
-from aspc.backends.ascend.reference_model import reference_checkpoint
+from aspc.backends.ascend.reference_model import reference_stage
 from aspc.platforms import NPU
 
 
@@ -104,9 +104,9 @@ def start_rank(stage: dict, rank_args: dict):
     return broadcast_call(None)
 
 
-def run_follower(stage: dict, rank_args: dict, sync, reference: str | None = None) -> int:
-    """A megatron rank other than 0: build its share of the model (and of the frozen reference from
-    the `reference` checkpoint directory, as rank 0 does), then run rank 0's calls."""
+def run_follower(stage: dict, rank_args: dict, sync, reference: dict | None = None) -> int:
+    """A megatron rank other than 0: build its share of the model (and of the frozen reference of
+    the `reference` launch stage, as rank 0 does), then run rank 0's calls."""
     from aspc.backends.ascend.call_broadcast import follow
     from aspc.backends.ascend.megatron_trainer import MegatronTrainer
     from aspc.backends.ascend.reference_model import frozen_reference
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
             return 2
         process = _one(launch["processes"], args.stage, args.rank)
         sync = _follower_sync(stage, process["world_size"], launch if colocated(launch) else None)
-        ran = run_follower(stage, process["model_args"], sync, reference_checkpoint(launch["stages"], stage))
+        ran = run_follower(stage, process["model_args"], sync, reference_stage(launch["stages"], stage))
     except AscendUnavailable as error:
         print(f"aspc: {error}", file=sys.stderr)
         return 1

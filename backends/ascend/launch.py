@@ -7,7 +7,7 @@ import textwrap
 from collections import Counter
 
 from aspc.backends.ascend.lowering import LaunchPlan
-from aspc.backends.ascend.process_env import referenced_node
+from aspc.backends.ascend.process_env import SOCKET_REFERENCE, referenced_node
 from aspc.backends.ascend.startup import phase
 
 
@@ -23,6 +23,9 @@ def launch_script(plan: LaunchPlan) -> str:
                   "comma-separated (or compile with ASPC_NODES set to write them in)",
                   f'IFS=, read -r -a NODE <<< "${{ASPC_NODES:?set ASPC_NODES to the {plan.nodes} node addresses, '
                   'node0 first}"']
+    if any(v == SOCKET_REFERENCE for p in plan.processes for v in p.env.values()):
+        lines += ["# HCCL's and gloo's sockets bind to ASPC_SOCKET_IFNAME, else this node's default-route interface",
+                  'SOCKET_IFNAME="${ASPC_SOCKET_IFNAME:-$(ip -o -4 route show to default | awk \'{print $5; exit}\')}"']
     phases = {s.stage: phase(s.startup) for s in plan.stages}
     if any(s.startup for s in plan.stages):
         lines.append("# time-shared NPUs: each node's engines are listed first; they must be asleep before the "
@@ -37,8 +40,8 @@ def launch_script(plan: LaunchPlan) -> str:
 
 
 def _shell_value(value: str) -> str:
-    """Quoted, except a node-address reference, which the shell must expand."""
-    return f'"{value}"' if referenced_node(value) is not None else shlex.quote(value)
+    """Quoted, except a node-address or socket-interface reference, which the shell must expand."""
+    return f'"{value}"' if referenced_node(value) is not None or value == SOCKET_REFERENCE else shlex.quote(value)
 
 
 def launch_summary(plan: LaunchPlan) -> str:

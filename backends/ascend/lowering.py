@@ -15,7 +15,7 @@ from aspc.backends.ascend import engine_args as vllm
 from aspc.backends.ascend import megatron_args as megatron
 from aspc.backends.ascend.checkpoint_settings import checkpoint_settings
 from aspc.backends.ascend.groups import process_groups, rank_coords
-from aspc.backends.ascend.process_env import ALLOC_ENV, HCCL_ENV, node_address, port_ranges
+from aspc.backends.ascend.process_env import ALLOC_ENV, HCCL_ENV, node_address, port_ranges, socket_env
 from aspc.backends.ascend.startup import startups
 from aspc.backends.ascend.topology import Device, device, pool_offsets, visible_devices
 from aspc.frontend.tool_schemas import SchemaError, tool_schemas
@@ -95,12 +95,14 @@ class LaunchPlan:
         return sorted(p for p in found if isinstance(p, str) and p.startswith("<no-checkpoint:"))
 
 
-def lower(plan: ExecutionPlan, base_dir: Path | None = None,
-          node_addresses: tuple[str, ...] | None = None) -> LaunchPlan:
+def lower(plan: ExecutionPlan, base_dir: Path | None = None, node_addresses: tuple[str, ...] | None = None,
+          socket_ifname: str | None = None) -> LaunchPlan:
     """base_dir: the .aspl file's folder, against which checkpoint directories are resolved (vLLM's
     `model`) and where python tool modules are looked up first (for the schemas of hermes tools
     that declare no parameters). node_addresses: one per node, node0 first (ASPC_NODES); without
-    them, rendezvous addresses are references the launch script resolves."""
+    them, rendezvous addresses are references the launch script resolves. socket_ifname: the network
+    interface of HCCL's and gloo's sockets (ASPC_SOCKET_IFNAME); without it, a reference each node
+    resolves (process_env.socket_env)."""
     offsets = pool_offsets(plan.pools)
     placed, processes = [], []
     for index, stage in enumerate(s for s in plan.stages if s.pool is not None):
@@ -112,7 +114,8 @@ def lower(plan: ExecutionPlan, base_dir: Path | None = None,
             processes += _megatron_processes(stage, offsets[stage.pool], BASE_PORT + index, node_addresses)
         if role is not None:
             placed.append(stage)
-    processes = _with_port_ranges(processes)
+    sockets = socket_env(socket_ifname)
+    processes = [dataclasses.replace(p, env={**p.env, **sockets}) for p in _with_port_ranges(processes)]
     users = Counter((p.node, d) for p in processes for d in p.devices)
     stages = [_stage_launch(plan, stage, base_dir, _sharers(stage, processes, users)) for stage in placed]
     order = startups(processes, {s.stage: s.role for s in stages})
@@ -322,6 +325,8 @@ def _megatron_model(model, stage: StagePlan, base_dir: Path | None, recompute: b
     builders = {"config_class": megatron.config_class(arch), "layer_spec": megatron.layer_spec(arch, settings),
                 "mindspeed_argv": megatron.mindspeed_argv(par, seq_length),
                 "checkpoint": vllm.engine_model(model, base_dir)}
+    if stage.kind in ("train", "critic"):  # megatron's distributed optimizer, as the memory check priced it
+        builders["distributed_optimizer"] = bool(dict(stage.options).get("distributed_optimizer", True))
     # a critic's output layer is its value head (critic.py), never the embedding's transpose: verl builds
     # value models untied (verl/models/mcore/model_initializer.py, LinearForLastLayer)
     return config, megatron.model_args(arch, settings, arch.tied and stage.kind != "critic"), builders

@@ -57,9 +57,13 @@ def build_gpt(stage: dict, rank_args: dict, use_cpu_initialization: bool = False
     return GPTModel(config, transformer_layer_spec=layers, **stage["model_args"], **rank_args)
 
 
-def initialize_parallel(config: dict, backend: str = NPU.collective) -> None:
+def initialize_parallel(config: dict, backend: str = NPU.collective, seed: int = 1234) -> None:
+    """torch.distributed, megatron's model-parallel groups of a launch stage's `config`, and megatron's
+    RNG tracker: its attention forks the tracker's "model-parallel-rng" state on every forward
+    (dot_product_attention.py) and fails unless it was seeded (Megatron-LM's `_set_random_seed`,
+    default seed 1234; MindSpeed-RL's workers call it through initialize_megatron)."""
     import torch.distributed as dist
-    from megatron.core import parallel_state
+    from megatron.core import parallel_state, tensor_parallel
 
     if not dist.is_initialized():
         dist.init_process_group(backend=backend)  # RANK, WORLD_SIZE, MASTER_ADDR/PORT from the launch plan
@@ -68,6 +72,7 @@ def initialize_parallel(config: dict, backend: str = NPU.collective) -> None:
         pipeline_model_parallel_size=config["pipeline_model_parallel_size"],
         context_parallel_size=config["context_parallel_size"],
         expert_model_parallel_size=config["expert_model_parallel_size"])
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
 def layout_of(stage: dict, world_size: int):
@@ -116,6 +121,34 @@ def load_checkpoint(model, stage: dict, checkpoint: str | None = None, value_hea
     load_rank_weights(model, checkpoint or stage["builders"]["checkpoint"], arch, parallel, layout,
                       parallel_coords())
     return model
+
+
+def training_parts(model, stage: dict, lr: float, weight_decay: float, grad_clip: float):
+    """`model` DDP-wrapped and its optimizer (Adam), as megatron trains them: gradients reduced by
+    finalize_model_grads; with the stage's `distributed_optimizer` (the language's option, on by default
+    as MindSpeed-RL runs: `builders.distributed_optimizer`), optimizer state sharded over the
+    data-parallel group and DDP's contiguous parameter buffer (`param_data`) kept, which offload.py
+    moves whole."""
+    from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
+                                           finalize_model_grads)
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    distributed = bool(stage["builders"].get("distributed_optimizer", True))
+    model.config.finalize_model_grads_func = finalize_model_grads
+    ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(use_distributed_optimizer=distributed),
+                                  module=model)
+    optimizer_config = OptimizerConfig(optimizer="adam", lr=lr, weight_decay=weight_decay, clip_grad=grad_clip,
+                                       bf16=stage["config"].get("bf16", False), use_distributed_optimizer=distributed,
+                                       params_dtype=materialize(stage["config"])["params_dtype"])
+    return ddp, get_megatron_optimizer(optimizer_config, [ddp])
+
+
+def zero_gradients(model, optimizer) -> None:
+    """After a step, as Megatron-LM's train_step before the next: DDP's contiguous gradient buffers
+    (where backward accumulates `main_grad`; the optimizer's zero_grad does not touch them) and the
+    optimizer's own gradients."""
+    model.zero_grad_buffer()
+    optimizer.zero_grad()
 
 
 def compile_forward(model, compiler: dict):

@@ -17,7 +17,8 @@ class Offloadable:
         memory (verl's offload_megatron_model_to_cpu / offload_megatron_optimizer); once."""
         if self.offloaded:
             return
-        self.offloaded = offload_model(self.model) + offload_optimizer(self.optimizer, self.model)
+        optimizer = offload_optimizer(self.optimizer, self.model)  # first: it tells the model's storage apart
+        self.offloaded = offload_model(self.model) + optimizer
         empty_device_cache()
 
     def onload(self) -> None:
@@ -33,22 +34,29 @@ def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def offload_buffer(buffer) -> list:
-    """One of megatron DDP's contiguous buffers (`param_data`, `grad_data`; the parameters and
-    their .main_grad are views into them): the parameters to host memory, the device storage
-    released (resized to 0, so the views stay valid); gradients dropped (zero after the optimizer
-    step). Returns the restore step."""
-    params, grads = buffer.param_data, buffer.grad_data
-    host, sizes = _host_copy(params), (params.untyped_storage().size(), grads.untyped_storage().size())
-    params.untyped_storage().resize_(0)
-    grads.untyped_storage().resize_(0)
+    """One of megatron DDP's contiguous buffers: `grad_data` (each parameter's .main_grad a view into
+    it) and, with the distributed optimizer, `param_data` (each parameter a view into it; without it
+    megatron leaves param_data None and every parameter keeps its own storage). Parameters go to host
+    memory and their device storage is released (resized to 0, so the views stay valid); gradients
+    are dropped (zero after the optimizer step). Returns the restore steps."""
+    held = [buffer.param_data] if buffer.param_data is not None else list(buffer.params)
+    return [_release(t, keep=True) for t in held] + [_release(buffer.grad_data, keep=False)]
+
+
+def _release(tensor: torch.Tensor, keep: bool):
+    """Free `tensor`'s device storage (its views stay valid); restore it as it was (`keep`) or zeroed."""
+    storage = tensor.untyped_storage()
+    host, size = _host_copy(tensor) if keep else None, storage.size()
+    storage.resize_(0)
 
     def restore() -> None:
-        params.untyped_storage().resize_(sizes[0])
-        params.copy_(host)
-        grads.untyped_storage().resize_(sizes[1])
-        grads.zero_()
+        storage.resize_(size)
+        if keep:
+            tensor.data.copy_(host)
+        else:
+            tensor.data.zero_()
 
-    return [restore]
+    return restore
 
 
 def offload_model(ddp) -> list:
@@ -59,14 +67,15 @@ def offload_model(ddp) -> list:
 def offload_optimizer(optimizer, ddp) -> list:
     """The fp32 main parameters and Adam state of megatron's optimizer (each chained optimizer's
     torch optimizer, as megatron-core 0.16's MegatronOptimizer.offload_to_cpu moves them; 0.12.1,
-    MindSpeed's megatron, has no such method), to host memory; model parameters shared with the
-    optimizer (no mixed precision) stay with the model's buffers."""
-    model_params = {id(p) for p in ddp.parameters()}
+    MindSpeed's megatron, has no such method), to host memory. What lives in the model's storage
+    stays with the model's buffers: fp32 parameters themselves (no mixed precision), or with the
+    distributed optimizer their shards, views into DDP's param_data. Call it before offload_model."""
+    model_storage = {p.untyped_storage().data_ptr() for p in ddp.parameters()}
     steps = []
     for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
         torch_optimizer = inner.optimizer
         for group in torch_optimizer.param_groups:
-            steps += [_move_data(p) for p in group["params"] if id(p) not in model_params]
+            steps += [_move_data(p) for p in group["params"] if p.untyped_storage().data_ptr() not in model_storage]
         for state in torch_optimizer.state.values():
             steps += [_move_entry(state, key) for key, value in state.items() if isinstance(value, torch.Tensor)]
     return steps

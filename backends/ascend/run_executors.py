@@ -39,7 +39,8 @@ from aspc.backends.ascend.engine_args import IPC_ENV
 from aspc.backends.ascend.engine_group import EngineGroup
 from aspc.backends.vllm.episodes import EpisodeEngine, EpisodeSettings, tool_format
 from aspc.backends.ascend.lowering import lower
-from aspc.backends.ascend.process_env import node_address, node_addresses_from_env
+from aspc.backends.ascend.process_env import (node_address, node_addresses_from_env, resolved,
+                                               socket_ifname_from_env)
 from aspc.backends.ascend.scorers import close_scorers, scorer_refusals, stage_scorer
 from aspc.backends.ascend.topology import NPUS_PER_NODE, device, pool_offsets
 from aspc.controller.episodes import MASKED, EpisodePolicy
@@ -79,7 +80,7 @@ class AscendExecutors:
         refused = self.unsupported(plan, runtime=None)  # what no runtime runs (the CLI checks the one it runs)
         if refused:
             raise ValueError(refused[0].message)
-        self.launch = lower(plan, base_dir, node_addresses_from_env())
+        self.launch = lower(plan, base_dir, node_addresses_from_env(), socket_ifname_from_env())
         self.check_launch()
         stages = {s.stage: dataclasses.asdict(s) for s in self.launch.stages}
         self.gen_launch, self.train_launch = stages[self.gen_stage.name], stages[self.train_stage.name]
@@ -98,7 +99,7 @@ class AscendExecutors:
         self.colocated = self.gen_stage.placement == "time_shared"
         self.initial = None  # version 0 as published (snapshot), for the engines' first refresh
         self.holder: str | None = None  # who has a time-shared pool's NPUs: "learn" | "gen"
-        self.engines_elsewhere = False  # the Ray runtime's actors start the colocated engines
+        self.engines_elsewhere = False  # the Ray runtime's actors start the engines, on the NPUs Ray gives them
 
     @staticmethod
     def unsupported(plan: ExecutionPlan, runtime: str | None = "local") -> list[StageRefusal]:
@@ -108,6 +109,8 @@ class AscendExecutors:
         for stage in plan.stages:
             if stage.kind == "generate" and stage.placement == "time_shared":
                 found += colocated_refusals(plan, stage, runtime)
+            if stage.kind == "generate" and stage.placement != "time_shared":
+                found += _engine_process_refusals(plan, stage, runtime)
             if stage.kind == "generate" and stage.parallel.dp > 1:
                 found += data_parallel_refusals(plan, stage)
             if stage.kind == "generate" and dict(stage.options).get("engine") == "aspc":
@@ -233,25 +236,27 @@ class AscendExecutors:
         return self._rank0().env["MASTER_ADDR"]
 
     def engines_in_actors(self) -> None:
-        """The Ray runtime starts each colocated engine (asleep) in an actor on its node before the
-        learner's actor builds the trainer, which then must not start them itself."""
+        """The Ray runtime starts each engine in an actor: a colocated one (asleep) on its node before
+        the learner's actor builds the trainer, which then must not start them itself; a separate
+        pool's on the NPUs Ray's placement gives the actor (Ray sets ASCEND_RT_VISIBLE_DEVICES)."""
         self.engines_elsewhere = True
 
     def engine_env(self, index: int, rank: int = 0) -> dict:
         """Instance `index`'s engine environment (that of its data-parallel rank `rank`: its NPUs,
-        VLLM_DP_*) from the launch plan (VLLM_ASCEND_ENABLE_NZ=0, HCCL port ranges on shared NPUs);
-        a separate pool's devices are the runtime's (Ray's). Colocated
-        engines start here, each on the launch plan's NPUs (ASCEND_RT_VISIBLE_DEVICES, set while
-        its processes start: engine_actor.engine_environment, with vLLM's engine core in a process
-        of its own), and take the NPU IPC handles through vLLM's collective_rpc, which passes their
-        dtypes and storage classes only pickled (vllm/v1/serial_utils.py:
-        VLLM_ALLOW_INSECURE_SERIALIZATION)."""
+        VLLM_DP_*) from the launch plan (VLLM_ASCEND_ENABLE_NZ=0, HCCL port ranges on shared NPUs).
+        Engines started here (the local runtime) start on the launch plan's NPUs
+        (ASCEND_RT_VISIBLE_DEVICES, set while its processes start: engine_actor.engine_environment,
+        with vLLM's engine core in a process of its own; without it an engine would inherit rank 0's
+        one NPU); in Ray's actors a separate pool's NPUs are Ray's. Colocated engines take the NPU
+        IPC handles through vLLM's collective_rpc, which passes their dtypes and storage classes
+        only pickled (vllm/v1/serial_utils.py: VLLM_ALLOW_INSECURE_SERIALIZATION)."""
         name = f"{self.gen_stage.name}.{index}.dp{rank}"
         process = next((p for p in self.launch.processes if p.name == name), None)
-        env = dict(process.env if process else {})
+        env = resolved(process.env if process else {})
         if self.colocated:
             return env | IPC_ENV | COLOCATED_ENV
-        env.pop(NPU.visible_devices, None)
+        if self.engines_elsewhere:
+            env.pop(NPU.visible_devices, None)
         return env
 
     def trainer(self):
@@ -375,11 +380,11 @@ class AscendExecutors:
         from aspc.backends.ascend.call_broadcast import Leader, broadcast_call
         from aspc.backends.ascend.megatron_model import import_mindspeed, initialize_parallel, layout_of
         from aspc.backends.ascend.megatron_trainer import MegatronTrainer, SyncSetup
-        from aspc.backends.ascend.reference_model import frozen_reference, reference_checkpoint
+        from aspc.backends.ascend.reference_model import frozen_reference, reference_stage
         from aspc.backends.ascend.weight_sync import TorchCommunicator
 
         stage, rank0 = self.train_launch, self._rank0()
-        os.environ.update(rank0.env)  # RANK, WORLD_SIZE, MASTER_ADDR/PORT, HCCL_* of rank 0
+        os.environ.update(resolved(rank0.env))  # RANK, WORLD_SIZE, MASTER_ADDR/PORT, HCCL_* of rank 0
         import_mindspeed(stage["builders"].get("mindspeed_argv", []))
         initialize_parallel(stage["config"])
         settings = self._settings()
@@ -388,7 +393,7 @@ class AscendExecutors:
         comm = TorchCommunicator(g for axis in stage["groups"].values() for g in axis)
         sync = SyncSetup(arch, parallel, comm, self._sender(), colocated=self.colocated, layout=layout)
         stages = [dataclasses.asdict(s) for s in self.launch.stages]
-        reference = frozen_reference(stage, rank0.model_args, reference_checkpoint(stages, stage))
+        reference = frozen_reference(stage, rank0.model_args, reference_stage(stages, stage))
         task_reward = self.host.task_reward(settings)
         return Leader(MegatronTrainer(stage, rank0.model_args, settings, task_reward, sync, reference))
 
@@ -490,14 +495,15 @@ def data_parallel_refusals(plan: ExecutionPlan, stage) -> list[StageRefusal]:
 
 
 def _engine_process_refusals(plan: ExecutionPlan, stage, runtime: str | None = "local") -> list[StageRefusal]:
-    """The local runtime starts colocated engines (every data-parallel rank's) on this node (node 0)."""
+    """The local runtime starts every engine (each data-parallel rank's) on this node (node 0), on the
+    launch plan's NPUs (`engine_env`)."""
     found = []
     offset = pool_offsets(plan.pools)[stage.pool]
     remote = sorted({device(offset, d).node for d in engine_devices(stage)} - {0})
     if remote and runtime == "local":
         nodes = f"{remote[0]}-{remote[-1]}" if len(remote) > 2 else ", ".join(map(str, remote))
         found.append(StageRefusal(stage.name, f"stage '{stage.name}': instances on node(s) {nodes}: the local "
-                                  f"runtime starts colocated engines on this node only ({NPUS_PER_NODE} NPUs)",
+                                  f"runtime starts engines on this node only ({NPUS_PER_NODE} NPUs)",
                                   f"run with --runtime ray (an engine actor on each node), or fit generation on one "
                                   f"node ({NPUS_PER_NODE} NPUs)", "instances"))
     return found

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from aspc.backends.ascend.process_env import node_addresses_from_env
+from aspc.backends.ascend.process_env import node_addresses_from_env, resolved
 from aspc.backends.ascend.scorer_process import ScorerFailed, ScorerProcess
 from aspc.rl.host import checkpoint_dir
 from aspc.rl.rewards import RewardError
@@ -53,7 +53,7 @@ def scorer_spec(executors, stage: str, instance: int, source) -> dict:
     spec = {"role": source.func, "name": f"{source.func}({source.get('model')}) of stage '{stage}', "
                                          f"instance {instance}",
             "stage": next(dataclasses.asdict(s) for s in launch.stages if s.stage == stage),
-            "model": source.get("model"), "env": dict(process.env), "max_seq": arch.max_seq, "vocab": arch.vocab}
+            "model": source.get("model"), "env": resolved(process.env), "max_seq": arch.max_seq, "vocab": arch.vocab}
     if source.func == "judge":
         tokenizers = judge_tokenizers(executors, source, spec["stage"])
         return spec | {"rubric": source.get("prompt"), "read": source.get("read")} | tokenizers

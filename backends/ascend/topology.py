@@ -15,11 +15,16 @@ class Device:
 
 
 def pool_offsets(pools) -> dict[str, int]:
-    """First global device of each pool; each pool starts on a fresh node."""
+    """First global device of each pool: pools that fit in what is left of the current node share it
+    (a node of 8 NPUs runs a 4-NPU trainer beside a 4-NPU engine pool, on one runtime node); a pool
+    that does not fit starts on a fresh node, so that no pool crosses a node boundary it need not."""
     offsets, next_free = {}, 0
     for pool in pools:
+        left = -next_free % NPUS_PER_NODE
+        if pool.count > left:
+            next_free += left
         offsets[pool.name] = next_free
-        next_free += -(-pool.count // NPUS_PER_NODE) * NPUS_PER_NODE
+        next_free += pool.count
     return offsets
 
 

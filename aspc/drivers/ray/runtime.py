@@ -241,8 +241,8 @@ class RayRuntime(LocalRuntime):
         count, executors = self.config.instances, cast(LearnerInActor, self.executors)  # its learner_in_actor said so
         engines = [engine_node(self.ray, executors.engine_address(i), i) for i in range(count)] if colocated else None
         self.placement = self._placement_group(rank0_node(self.ray, executors.learner_address()), engines)
+        executors.engines_in_actors()  # on the NPUs of their actors (colocated: started before the learner)
         if colocated:
-            executors.engines_in_actors()
             start_engines(self.ray, self, {i: executors.unstarted_engine(i, count) for i in range(count)})
         options = self._bundle(count)
         actor = self._learner_class(ActorBuiltLearner).options(**options).remote(executors)

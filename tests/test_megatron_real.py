@@ -1,0 +1,219 @@
+"""The megatron trainer on the real megatron-core 0.16.1 (tests/megatron_cpu.py: gloo processes, CUDA
+calls answered on the host): megatron's own GPTModel, DistributedDataParallel, get_megatron_optimizer
+and forward-backward schedule under backends/ascend/megatron_trainer.py, on one rank and on two
+data-parallel ranks."""
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+from aspc.backends.ascend import reshard  # noqa: E402
+from aspc.backends.ascend.megatron_model import arch_of  # noqa: E402
+from megatron_cpu import run_job  # noqa: E402
+from test_ascend_load import random_full, train_stage, write_checkpoint  # noqa: E402
+from test_trainer_differential import samples, settings_for, task_reward  # noqa: E402
+
+RANK_ARGS = {"pre_process": True, "post_process": True}
+
+
+def stage_on(world: int, checkpoint, bf16: bool = False, **builders) -> dict:
+    """tiny_grpo's train stage (Qwen2 shape) over `world` data-parallel ranks, from `checkpoint`."""
+    stage = train_stage()
+    if bf16:
+        stage["config"] |= {"bf16": True, "params_dtype": "bfloat16"}
+    stage["builders"] |= {"checkpoint": str(checkpoint), **builders}
+    stage["groups"] = {"dp": [list(range(world))], "pp": [[r] for r in range(world)]}
+    return stage
+
+
+def tp_stage(tp: int, checkpoint, qwen3: bool = False) -> dict:
+    """The train stage over `tp` tensor-parallel ranks, without sequence parallelism (the lowering sets
+    it with tp > 1, but megatron's torch norms refuse it without Apex or Transformer Engine,
+    torch_norm.py:32; on NPUs MindSpeed's fused RMSNorm carries it)."""
+    stage = train_stage(qwen3)
+    stage["config"] |= {"tensor_model_parallel_size": tp, "sequence_parallel": False}
+    stage["builders"]["checkpoint"] = str(checkpoint)
+    stage["groups"] = {"dp": [[r] for r in range(tp)], "pp": [[r] for r in range(tp)]}
+    return stage
+
+
+def checkpoint(folder, seed: int = 3):
+    arch = arch_of(train_stage())
+    full = {k: 0.05 * v for k, v in random_full(arch, seed=seed).items()}  # small weights: finite logits
+    write_checkpoint(folder, reshard.to_hf(arch, full))
+    return folder
+
+
+def trainer(stage: dict, rank: int, **settings):
+    from aspc.backends.ascend.megatron_trainer import MegatronTrainer, SyncSetup
+    from aspc.backends.ascend.weight_sync import TorchCommunicator
+
+    s = settings_for(**settings)
+    comm = TorchCommunicator([*stage["groups"]["dp"], *stage["groups"]["pp"]])  # as executors.py builds it
+    return MegatronTrainer(stage, RANK_ARGS, s, task_reward(s), SyncSetup(None, None, comm))
+
+
+def main_grad_norms(rank: int, stage: dict, steps: int) -> list[float]:
+    """The norm of DDP's accumulated gradients after each of `steps` steps on the same samples, lr 0."""
+    t = trainer(stage, rank, lr=0.0)
+    norms = []
+    for _ in range(steps):
+        rollouts = samples(False)
+        t.reward(rollouts)
+        t.train(rollouts)
+        norms.append(float(torch.cat([p.main_grad.flatten() for p in t.model.parameters()]).norm()))
+        t.optimizer_step()
+    return norms
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_gradients_do_not_accumulate_across_optimizer_steps(tmp_path, world):
+    stage = stage_on(world, checkpoint(tmp_path))
+    for norms in run_job(world, stage["config"], main_grad_norms, stage, 3):
+        assert norms[0] > 0 and norms == pytest.approx([norms[0]] * 3, rel=1e-6), norms
+
+
+def step(t) -> dict:
+    rollouts = samples(False)
+    t.reward(rollouts)
+    t.train(rollouts)
+    return t.optimizer_step()
+
+
+def steps_around_an_offload(rank: int, stage: dict, offload: bool) -> dict:
+    """Two steps; between them, with `offload`, the pool goes to generation and back (offload.py):
+    -> the storage left on the device while offloaded, and the weights after the second step."""
+    t = trainer(stage, rank, lr=1e-2)
+    step(t)
+    held = None
+    if offload:
+        t.offload()
+        held = sum(p.untyped_storage().size() + p.main_grad.untyped_storage().size() for p in t.model.parameters())
+        t.onload()
+    step(t)
+    return {"held": held, "weights": {k: v.clone() for k, v in t.model.module.state_dict().items()
+                                      if isinstance(v, torch.Tensor)}}
+
+
+@pytest.mark.parametrize("world, distributed, bf16", [(2, True, False), (1, False, False), (2, True, True)],
+                         ids=["distributed-optimizer-dp2", "plain-dp1", "bf16-fp32-main-params-dp2"])
+def test_a_time_shared_pool_offloads_and_trains_on_as_if_it_never_left(tmp_path, world, distributed, bf16):
+    """Offload and onload (offload.py) of megatron's own DDP buffers and optimizer: with the
+    distributed optimizer (parameters and their fp32 shards are views into DDP's param_data), without
+    it (megatron keeps no param_data), and in bf16 (fp32 main parameters and Adam state apart)."""
+    stage = stage_on(world, checkpoint(tmp_path), bf16, distributed_optimizer=distributed)
+    stayed = run_job(world, stage["config"], steps_around_an_offload, stage, False)
+    left = run_job(world, stage["config"], steps_around_an_offload, stage, True)
+    for kept, moved in zip(stayed, left):
+        assert moved["held"] == 0
+        assert kept["weights"].keys() == moved["weights"].keys()
+        for name, tensor in kept["weights"].items():
+            assert torch.equal(tensor, moved["weights"][name]), name
+
+
+def adam_state_numel(rank: int, stage: dict) -> tuple[int, int]:
+    """(the Adam moments' elements this rank holds after a step, the model's parameter count)."""
+    t = trainer(stage, rank)
+    step(t)
+    held = sum(v.numel() for inner in t.optimizer.chained_optimizers for state in inner.optimizer.state.values()
+               for k, v in state.items() if k in ("exp_avg", "exp_avg_sq"))
+    return held, sum(p.numel() for p in t.model.parameters())
+
+
+@pytest.mark.parametrize("distributed", [True, False])
+def test_the_distributed_optimizer_option_shards_adam_state_over_data_parallel_ranks(tmp_path, distributed):
+    """The language's distributed_optimizer (default on: the memory check prices optimizer state over
+    dp) reaches megatron: each of two data-parallel ranks holds half the moments, or all of them."""
+    stage = stage_on(2, checkpoint(tmp_path), distributed_optimizer=distributed)
+    ranks = run_job(2, stage["config"], adam_state_numel, stage)
+    params = ranks[0][1]
+    if distributed:  # each rank's shard of DDP's buffer: an even split up to bucket boundaries
+        assert sum(held for held, _ in ranks) == 2 * params
+        assert all(held == pytest.approx(params, rel=0.01) for held, _ in ranks)
+    else:
+        assert all(held == 2 * params for held, _ in ranks)
+
+
+@pytest.mark.parametrize("name", ["grpo_7b", "dapo_32b", "grpo_30b_moe", "r1_zero_671b", "tiny_ppo"])
+def test_every_trained_stage_carries_the_distributed_optimizer_option_it_was_priced_with(name):
+    from aspc.backends.ascend.lowering import lower
+    from aspc.cli.toolchain import compile_with_passes
+    from conftest import ROOT
+
+    for written in (None, False):
+        overrides = [] if written is None else [f"train.distributed_optimizer={str(written).lower()}"]
+        plan = compile_with_passes(ROOT / "pipelines" / f"{name}.aspl", overrides).plan()
+        trained = [s for s in lower(plan).stages if s.kind in ("train", "critic")]
+        assert trained and all(s.builders["distributed_optimizer"] is (written is None) for s in trained
+                               if s.kind == "train")
+        assert all(s.builders["distributed_optimizer"] for s in trained if s.kind == "critic")
+
+
+# ---- load_hf into megatron against transformers' own Qwen2 ----
+def hf_model(folder, qwen3: bool):
+    """A random Qwen2ForCausalLM (qkv bias, untied) or Qwen3ForCausalLM (q/k norm, tied) of the train
+    stage's shape, saved as transformers saves it."""
+    import transformers
+
+    family = "Qwen3" if qwen3 else "Qwen2"
+    config_cls, model_cls = (getattr(transformers, f"{family}{kind}") for kind in ("Config", "ForCausalLM"))
+    arch = arch_of(train_stage())
+    torch.manual_seed(5)
+    model = model_cls(config_cls(
+        hidden_size=arch.hidden, intermediate_size=arch.ffn, num_attention_heads=arch.heads,
+        num_key_value_heads=arch.kv_heads, head_dim=arch.head_dim, num_hidden_layers=arch.layers,
+        vocab_size=arch.vocab, rms_norm_eps=1e-6, rope_theta=train_stage()["model_args"]["rotary_base"],
+        tie_word_embeddings=qwen3, max_position_embeddings=64, attn_implementation="eager")).eval()
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+def megatron_forward(rank: int, stage: dict, tokens: torch.Tensor) -> dict:
+    """This rank's logits of one sequence (tp = 1) and the forward-only log-probs of packed rows."""
+    from aspc.backends.ascend.forward_only import PipelinedForward
+    from aspc.backends.ascend.megatron_model import build_gpt, load_checkpoint
+    from aspc.backends.ascend.weight_sync import TorchCommunicator
+
+    model = load_checkpoint(build_gpt(stage, RANK_ARGS), stage).eval()
+    logits = None
+    if stage["config"]["tensor_model_parallel_size"] == 1:
+        with torch.no_grad():
+            positions = torch.arange(tokens.shape[1])[None]
+            logits = model(tokens, positions, None)
+    comm = TorchCommunicator([*stage["groups"]["dp"], *stage["groups"]["pp"]])
+    return {"logits": logits, "logprobs": PipelinedForward.of(stage, comm).logprobs(model, samples(False))}
+
+
+def hf_logprobs(model, rollouts) -> dict:
+    out = {}
+    for r in rollouts:
+        ids = torch.tensor([list(r.prompt) + list(r.response)])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits.float(), -1)[0]
+        n = len(r.prompt)
+        out[r.key] = logp[n - 1:-1].gather(-1, torch.tensor(r.response)[:, None])[:, 0]
+    return out
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_transformers_checkpoint_gives_megatron_the_same_logits_and_packed_log_probs(tmp_path, tp, family):
+    """load_hf.py into megatron's GPTModel (tp = 1, and cut over two tensor-parallel ranks): the logits
+    of transformers' Qwen2ForCausalLM / Qwen3ForCausalLM on the same checkpoint, and
+    the forward-only log-probs of packed rows (several sequences a row, block-diagonal attention)
+    those of the HF model run one sequence at a time."""
+    hf = hf_model(tmp_path, family == "qwen3")
+    stage = tp_stage(tp, tmp_path, family == "qwen3")
+    stage["micro_batching"]["tokens"] = 24
+    tokens = torch.tensor([[3, 17, 5, 9, 30, 1, 12, 7]])
+    ranks = run_job(tp, stage["config"], megatron_forward, stage, tokens)
+    if tp == 1:
+        with torch.no_grad():
+            expected = hf(tokens).logits
+        torch.testing.assert_close(ranks[0]["logits"], expected, rtol=1e-4, atol=1e-5)
+    wanted = hf_logprobs(hf, samples(False))
+    for found in ranks:
+        assert found["logprobs"].keys() == wanted.keys()
+        for key, values in wanted.items():
+            torch.testing.assert_close(torch.tensor(found["logprobs"][key]), values, rtol=1e-4, atol=1e-5)
