@@ -52,6 +52,7 @@ def megatron_on_cpu():
         (torch.cuda, "current_device", lambda: "cpu"),  # DDP allocates its buffers there (param_and_grad_buffer.py:806)
         (torch.cuda, "get_rng_state", lambda *a, **k: device_rng["state"]),  # model_parallel_cuda_manual_seed
         (torch.cuda, "manual_seed", lambda seed: None),  # its seeds: the tracker's states stay as they were
+        (torch.cuda, "synchronize", lambda *a: None),  # after pipeline p2p (p2p_communication.py:398): nothing queued
         (rng, "_get_cuda_rng_state", lambda *a, **k: device_rng["state"]),  # the RNG tracker's fork (random.py:248)
         (rng, "_set_cuda_rng_state", lambda state, *a, **k: device_rng.update(state=state)),  # and its restore
     ]

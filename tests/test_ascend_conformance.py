@@ -30,27 +30,38 @@ def launch(name):
     return lower(compile_with_passes(path).plan(), path.parent)
 
 
-@pytest.fixture(scope="module")
-def vllm():
-    return Sources.from_wheel(wheel("ASPC_VLLM_WHEEL", "vllm==0.23.0"), ("vllm",))
-
-
-@pytest.fixture(scope="module")
-def vllm_ascend():
-    return Sources.from_wheel(wheel("ASPC_VLLM_ASCEND_WHEEL", "vllm-ascend==0.23.0", "manylinux_2_34_x86_64"),
-                              ("vllm_ascend",))
-
-
-@pytest.fixture(scope="module")
-def torchair():
-    """torchair as torch-npu 2.10.0 ships it (torch_npu/dynamo/torchair), imported as `torchair`."""
+def stack_sources(package: str) -> Sources:
+    """One package of the NPU stack, read from its wheel (never installed)."""
+    if package == "vllm":
+        return Sources.from_wheel(wheel("ASPC_VLLM_WHEEL", "vllm==0.23.0"), ("vllm",))
+    if package == "vllm_ascend":
+        return Sources.from_wheel(wheel("ASPC_VLLM_ASCEND_WHEEL", "vllm-ascend==0.23.0", "manylinux_2_34_x86_64"),
+                                  ("vllm_ascend",))
+    if package == "megatron":  # MindSpeed's megatron-core
+        return Sources.from_wheel(wheel("ASPC_MEGATRON_WHEEL", "megatron-core==0.12.1"), ("megatron",))
+    # torchair as torch-npu 2.10.0 ships it (torch_npu/dynamo/torchair), imported as `torchair`
     return Sources.from_wheel(wheel("ASPC_TORCH_NPU_WHEEL", "torch-npu==2.10.0"), ("torchair",),
                               under="torch_npu/dynamo/")
 
 
 @pytest.fixture(scope="module")
+def vllm():
+    return stack_sources("vllm")
+
+
+@pytest.fixture(scope="module")
+def vllm_ascend():
+    return stack_sources("vllm_ascend")
+
+
+@pytest.fixture(scope="module")
+def torchair():
+    return stack_sources("torchair")
+
+
+@pytest.fixture(scope="module")
 def megatron_012():
-    return Sources.from_wheel(wheel("ASPC_MEGATRON_WHEEL", "megatron-core==0.12.1"), ("megatron",))
+    return stack_sources("megatron")
 
 
 def engines(name):

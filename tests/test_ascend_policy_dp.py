@@ -78,25 +78,6 @@ def policy_step(whole: TinyQwen, settings, comm=None) -> dict:
             "weights": {k: v.detach().clone() for k, v in model.whole.state_dict().items()}}
 
 
-def test_a_two_rank_data_parallel_policy_step_equals_the_one_rank_step_on_the_same_batch(one_rank):  # noqa: F811
-    """Each rank trains every other packed row (three and two of five): the step's loss, the grad
-    norm and the updated weights equal the one-rank trainer's, and each rank's model saw its rows only."""
-    cpu, settings = settings_of()
-    whole = TinyQwen(cpu.actor.arch, seed=0)
-    rows = [mb.input_ids[0].tolist() for mb in pack(rollouts(settings), TOKENS)]
-    assert len(rows) >= 3
-    one = policy_step(whole, settings)
-    ranks = run_ranks(2, lambda comm: policy_step(whole, settings, comm))
-    assert one["seen"] == rows
-    for index, two in enumerate(ranks):
-        assert two["seen"] == rows[index::2]
-        assert two["summary"]["loss"] == pytest.approx(one["summary"]["loss"], rel=1e-5, abs=1e-7)
-        assert two["summary"]["grad_norm"] == pytest.approx(one["summary"]["grad_norm"], rel=1e-4)
-        for name, weight in one["weights"].items():
-            assert torch.allclose(two["weights"][name], weight, atol=1e-6), name
-    assert one["summary"]["grad_norm"] > 0 and one["summary"]["loss"] != 0
-
-
 def test_the_two_rank_reference_forward_runs_each_row_once_and_gives_every_rank_all_log_probs(one_rank):  # noqa: F811
     """The forward-only log-probs (the reference's) split the rows over data-parallel ranks too, and
     both ranks end with the one-rank log-probs of every sample."""

@@ -45,13 +45,13 @@ def checkpoint(folder, seed: int = 3):
     return folder
 
 
-def trainer(stage: dict, rank: int, **settings):
+def trainer(stage: dict, rank: int, rank_args: dict = RANK_ARGS, **settings):
     from aspc.backends.ascend.megatron_trainer import MegatronTrainer, SyncSetup
     from aspc.backends.ascend.weight_sync import TorchCommunicator
 
     s = settings_for(**settings)
     comm = TorchCommunicator([*stage["groups"]["dp"], *stage["groups"]["pp"]])  # as executors.py builds it
-    return MegatronTrainer(stage, RANK_ARGS, s, task_reward(s), SyncSetup(None, None, comm))
+    return MegatronTrainer(stage, rank_args, s, task_reward(s), SyncSetup(None, None, comm))
 
 
 def main_grad_norms(rank: int, stage: dict, steps: int) -> list[float]:

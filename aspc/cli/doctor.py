@@ -2,11 +2,13 @@
 toolkit, HCCL, torch-npu (imported in a child process: on a machine without CANN importing it breaks
 `import torch` in the importing process), the NPUs it sees, and the vLLM / vllm-ascend / megatron /
 MindSpeed versions (read from the installed distributions' metadata, never imported here). Each
-missing piece comes with how to fix it (docs/ascend.md, "Install")."""
+missing piece names the step of the install recipe that provides it, with its commands for this
+machine's architecture (npu_install.py, docs/ascend.md "Install")."""
 from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,16 +18,15 @@ from pathlib import Path
 
 import click
 
-# The versions that go together (docs/ascend.md, "Versions"): vllm-ascend 0.23.0's own pins.
-CANN_VERSION = "9.1"
+from aspc.cli.npu_install import CANN_VERSION, TRITON_ASCEND, VLLM_VERSION, step_hint
+
+# The versions that go together: vllm-ascend 0.23.0's own pins (npu_install.py)
 TORCH_NPU_SERIES = "2.10"
-VLLM_VERSION = "0.23.0"
+TRITON_ASCEND_VERSION = TRITON_ASCEND.split("==")[1]
 # The megatron-core series the lowering's configs and layer specs are checked against
 # (tests/test_ascend_conformance.py): 0.12 is MindSpeed's (core_v0.12.1), 0.16 the test extra's pin
 # (pyproject.toml), so either is accepted and neither is reported missing.
 MEGATRON_SERIES = ("0.12", "0.16")
-MEGATRON_FIX = ("install Megatron-LM core_v0.12.1 from source (the release MindSpeed pairs with), or "
-                "`pip install megatron-core==0.16.1` (the test extra's); docs/ascend.md, \"Install\"")
 CANN_HOMES = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")
 CANN_DEFAULT = Path("/usr/local/Ascend/ascend-toolkit/latest")
 PROBE = ("import json, torch, torch_npu; "
@@ -47,12 +48,17 @@ def cann_home(environ) -> Path | None:
     return CANN_DEFAULT if CANN_DEFAULT.is_dir() else None
 
 
+def step(number: int) -> str:
+    """The recipe's step `number` for this machine's architecture."""
+    arch = platform.machine()
+    return step_hint(number, arch if arch in ("aarch64", "x86_64") else "aarch64")
+
+
 def check_cann(environ) -> Check:
     home = cann_home(environ)
     if home is None:
         return Check("CANN toolkit", False, "not found (no $ASCEND_HOME_PATH, no /usr/local/Ascend/ascend-toolkit)",
-                     f"install the CANN {CANN_VERSION} toolkit and the 910B kernels, then "
-                     "`source /usr/local/Ascend/ascend-toolkit/set_env.sh`")
+                     f"install the CANN {CANN_VERSION} toolkit and the 910B kernels; {step(1)}")
     return Check("CANN toolkit", True, f"{home} {_cann_version(home)}".strip())
 
 
@@ -79,15 +85,14 @@ def check_hccl(environ) -> Check:
 def check_torch_npu(run: Callable = subprocess.run) -> list[Check]:
     """torch-npu's version and the NPUs it sees, from a child process."""
     installed = _version("torch-npu")
-    fix = (f"pip install torch=={TORCH_NPU_SERIES}.* torch-npu=={TORCH_NPU_SERIES}.* on a node with CANN "
-           "(never on a machine without it: `import torch` fails there)")
+    fix = f"on a node with CANN only (`import torch` fails without it): {step(2)}"
     if installed is None:
         return [Check("torch-npu", False, "not installed", fix), _no_devices("torch-npu is not installed")]
     result = run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300)
     if result.returncode != 0:
         error = (result.stderr.strip().splitlines() or ["no output"])[-1]
         return [Check("torch-npu", False, f"{installed} installed, import fails: {error}",
-                      "source CANN's set_env.sh before Python starts, and match torch with torch-npu"),
+                      f"source CANN's set_env.sh before Python starts, and match torch with torch-npu: {step(2)}"),
                 _no_devices("torch-npu does not import")]
     found = json.loads(result.stdout.strip().splitlines()[-1])
     devices = found["devices"]
@@ -124,8 +129,7 @@ def _wanted_text(prefixes: tuple[str, ...]) -> str:
 
 def check_mindspeed() -> Check:
     if util.find_spec("mindspeed") is None:  # finds the package without importing it
-        return Check("MindSpeed", False, "not installed",
-                     "git clone MindSpeed (its PyPI name is a placeholder) and `pip install -e MindSpeed`")
+        return Check("MindSpeed", False, "not installed", f"its PyPI name is a placeholder: {step(6)}")
     return Check("MindSpeed", True, _version("mindspeed") or "installed")
 
 
@@ -138,12 +142,12 @@ def _version(name: str) -> str | None:
 
 def check_stack(environ=None, run: Callable = subprocess.run) -> list[Check]:
     environ = os.environ if environ is None else environ
-    vllm_fix = (f"build vLLM {VLLM_VERSION} from source with VLLM_TARGET_DEVICE=empty "
-                "(the PyPI wheel pins another torch), docs/ascend.md")
     return [check_cann(environ), check_hccl(environ), *check_torch_npu(run),
-            check_distribution("vllm", VLLM_VERSION, vllm_fix),
-            check_distribution("vllm-ascend", VLLM_VERSION, f"pip install vllm-ascend=={VLLM_VERSION}"),
-            check_distribution("megatron-core", MEGATRON_SERIES, MEGATRON_FIX),
+            check_distribution("vllm", VLLM_VERSION, f"the PyPI wheel pins another torch: {step(3)}"),
+            check_distribution("triton-ascend", TRITON_ASCEND_VERSION, f"vllm-ascend pins it: {step(4)}"),
+            check_distribution("vllm-ascend", VLLM_VERSION, step(4)),
+            check_distribution("megatron-core", MEGATRON_SERIES, f"{step(5)} (or megatron-core==0.16.1, the test "
+                                                                 "extra's)"),
             check_mindspeed()]
 
 
@@ -156,7 +160,8 @@ def report(checks: list[Check]) -> str:
             lines.append(f"        {'':<{width}}  fix: {c.fix}")
     missing = [c.name for c in checks if not c.ok]
     lines.append("this node can run aspc's Ascend launch plans" if not missing else
-                 f"{len(missing)} missing: {', '.join(missing)} (install recipe: docs/ascend.md)")
+                 f"{len(missing)} missing: {', '.join(missing)} (install recipe: docs/ascend.md, \"Install\", "
+                 "or `python -m aspc.cli.npu_install script`)")
     return "\n".join(lines)
 
 

@@ -1,0 +1,49 @@
+"""Context-parallel core attention for megatron-core on CPU, in the place of the ring attention that
+MindSpeed patches in on NPUs (megatron_cp_algo) and Transformer Engine's on GPUs: megatron's own
+local DotProductAttention refuses context parallelism (dot_product_attention.py:57). Each rank holds
+the queries of its two chunks of the row (megatron's load-balanced split, get_batch_on_this_cp_rank:
+chunks r and 2·cp-1-r); keys and values of every chunk are all-gathered over the context-parallel
+group (with their gradients sent back) and put in row order; the attention mask's rows are this
+rank's queries, its columns the whole row. Everything else of the model is megatron's."""
+import math
+
+import torch
+import torch.distributed.nn.functional as collectives
+
+
+class AllGatherKVAttention(torch.nn.Module):
+    """Called as megatron's core attention: query [sq, b, heads, d], key/value [sk, b, groups, d] of
+    this rank's chunks; attention_mask [b, 1, sq, T] True where masked; -> [sq, b, heads·d]."""
+
+    def __init__(self, config, layer_number=None, attn_mask_type=None, attention_type=None, **_):
+        super().__init__()
+        self.config = config
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None):
+        from megatron.core import parallel_state
+
+        group = parallel_state.get_context_parallel_group()
+        key, value = (in_row_order(collectives.all_gather(t.contiguous(), group=group)) for t in (key, value))
+        heads, groups = query.shape[2], key.shape[2]
+        key, value = (t.repeat_interleave(heads // groups, dim=2) for t in (key, value))
+        scores = torch.einsum("qbhd,kbhd->bhqk", query, key) / math.sqrt(query.shape[-1])
+        scores = scores.masked_fill(attention_mask, float("-inf"))
+        out = torch.einsum("bhqk,kbhd->qbhd", torch.softmax(scores.float(), -1).to(value.dtype), value)
+        return out.reshape(out.shape[0], out.shape[1], -1)
+
+
+def in_row_order(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Every rank's [2 chunks, ...] back in row order (rank r held chunks r and 2·cp-1-r)."""
+    cp = len(parts)
+    chunks = [None] * (2 * cp)
+    for rank, part in enumerate(parts):
+        first, second = part.chunk(2, dim=0)
+        chunks[rank], chunks[2 * cp - 1 - rank] = first, second
+    return torch.cat(chunks, dim=0)
+
+
+def with_cp_attention(spec):
+    """A local layer spec (get_gpt_layer_local_spec) whose core attention is AllGatherKVAttention."""
+    spec.submodules.self_attention.submodules.core_attention = AllGatherKVAttention
+    return spec

@@ -1,0 +1,97 @@
+"""Pipeline and data parallelism on the real megatron-core 0.16.1 (tests/megatron_cpu.py: two gloo
+processes, megatron's own get_forward_backward_func, p2p communication and DDP): the reference's
+forward-only log-probs of packed rows over two pipeline stages equal transformers' Qwen2 one sequence
+at a time, and the megatron trainer's step over two pipeline stages, or over two data-parallel ranks
+(each its share of the packed rows), is the one-rank step (loss, gradient norm, the updated weights)."""
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+from megatron_cpu import run_job  # noqa: E402
+from test_ascend_load import train_stage  # noqa: E402
+from test_megatron_real import checkpoint, hf_logprobs, hf_model, stage_on, step, trainer  # noqa: E402
+from test_trainer_differential import samples  # noqa: E402
+
+
+def pipelined(stage: dict, pp: int) -> dict:
+    """`stage` over `pp` pipeline stages of one rank each (one layer each: tiny_grpo has two)."""
+    stage["config"] |= {"pipeline_model_parallel_size": pp} | ({"pipeline_dtype": "float32"} if pp > 1 else {})
+    stage["groups"] = {"dp": [[r] for r in range(pp)], "pp": [list(range(pp))]}
+    stage["micro_batching"]["tokens"] = 24
+    return stage
+
+
+def rank_args() -> dict:
+    """This rank's pipeline stage, from megatron's parallel state (as the launch plan's model_args say)."""
+    from megatron.core import parallel_state
+
+    stage, stages = (parallel_state.get_pipeline_model_parallel_rank(),
+                     parallel_state.get_pipeline_model_parallel_world_size())
+    return {"pre_process": stage == 0, "post_process": stage == stages - 1}
+
+
+def forward_logprobs(rank: int, stage: dict) -> dict:
+    from aspc.backends.ascend.forward_only import PipelinedForward
+    from aspc.backends.ascend.megatron_model import build_gpt, load_checkpoint
+    from aspc.backends.ascend.weight_sync import TorchCommunicator
+
+    model = load_checkpoint(build_gpt(stage, rank_args()), stage).eval()
+    comm = TorchCommunicator([*stage["groups"]["dp"], *stage["groups"]["pp"]])
+    return PipelinedForward.of(stage, comm).logprobs(model, samples(False))
+
+
+def test_two_pipeline_stages_give_the_hf_models_log_probs_on_every_stage(tmp_path):
+    hf = hf_model(tmp_path, qwen3=False)
+    stage = pipelined(train_stage(), 2)
+    stage["builders"]["checkpoint"] = str(tmp_path)
+    wanted = hf_logprobs(hf, samples(False))
+    for found in run_job(2, stage["config"], forward_logprobs, stage):  # the last stage's, broadcast to the first
+        assert found.keys() == wanted.keys()
+        for key, values in wanted.items():
+            torch.testing.assert_close(torch.tensor(found[key]), values, rtol=1e-4, atol=1e-5)
+
+
+def one_step(rank: int, stage: dict) -> dict:
+    """A step at lr 1e-2: its stats and the weights this rank holds after it (global layer numbers)."""
+    pp = stage["config"]["pipeline_model_parallel_size"]
+    t = trainer(stage, rank, rank_args(), lr=1e-2)
+    stats = step(t)
+    offset = rank * (stage["config"]["num_layers"] // pp) if pp > 1 else 0
+    weights = {}
+    for name, tensor in t.model.module.state_dict().items():
+        if isinstance(tensor, torch.Tensor) and "_extra_state" not in name:
+            parts = name.split(".")
+            if parts[:2] == ["decoder", "layers"]:
+                parts[2] = str(int(parts[2]) + offset)
+            weights[".".join(parts)] = tensor.clone()
+    return {"stats": stats, "weights": weights}
+
+
+@pytest.mark.parametrize("split", ["pp2", "dp2"])
+def test_a_step_over_two_ranks_is_the_one_rank_step(tmp_path, split):
+    folder = checkpoint(tmp_path)
+    whole = pipelined(train_stage(), 1)
+    whole["builders"]["checkpoint"] = str(folder)
+    if split == "pp2":
+        two_ranks = pipelined(train_stage(), 2)
+        two_ranks["builders"]["checkpoint"] = str(folder)
+    else:
+        two_ranks = stage_on(2, folder)
+        two_ranks["micro_batching"]["tokens"] = 24
+    [one] = run_job(1, whole["config"], one_step, whole)
+    two = run_job(2, two_ranks["config"], one_step, two_ranks)
+    for rank in two:
+        assert rank["stats"]["loss"] == pytest.approx(one["stats"]["loss"], rel=1e-5)
+        assert rank["stats"]["grad_norm"] == pytest.approx(one["stats"]["grad_norm"], rel=1e-4)
+    held = {**two[0]["weights"], **two[1]["weights"]} if split == "pp2" else two[1]["weights"]
+    assert held.keys() == one["weights"].keys()
+    for name, tensor in one["weights"].items():
+        torch.testing.assert_close(held[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_rank_finds_its_pipeline_group_in_the_launch_stage():
+    from aspc.backends.ascend.forward_only import pipeline_group
+
+    stage = {"groups": {"tp": [[0, 1], [2, 3]], "pp": [[0, 2], [1, 3]]}}
+    assert pipeline_group(stage, 3) == [1, 3] and pipeline_group({"groups": {}}, 5) == [5]
