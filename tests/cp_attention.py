@@ -10,6 +10,8 @@ import math
 import torch
 import torch.distributed.nn.functional as collectives
 
+from aspc.backends.ascend.packing import in_row_order
+
 
 class AllGatherKVAttention(torch.nn.Module):
     """Called as megatron's core attention: query [sq, b, heads, d], key/value [sk, b, groups, d] of
@@ -24,23 +26,14 @@ class AllGatherKVAttention(torch.nn.Module):
         from megatron.core import parallel_state
 
         group = parallel_state.get_context_parallel_group()
-        key, value = (in_row_order(collectives.all_gather(t.contiguous(), group=group)) for t in (key, value))
+        key, value = (in_row_order(list(collectives.all_gather(t.contiguous(), group=group)), dim=0)
+                      for t in (key, value))
         heads, groups = query.shape[2], key.shape[2]
         key, value = (t.repeat_interleave(heads // groups, dim=2) for t in (key, value))
         scores = torch.einsum("qbhd,kbhd->bhqk", query, key) / math.sqrt(query.shape[-1])
-        scores = scores.masked_fill(attention_mask, float("-inf"))
+        scores = scores.masked_fill(attention_mask, -10000.0)  # as megatron's masked softmax: padding rows stay finite
         out = torch.einsum("bhqk,kbhd->qbhd", torch.softmax(scores.float(), -1).to(value.dtype), value)
         return out.reshape(out.shape[0], out.shape[1], -1)
-
-
-def in_row_order(parts: list[torch.Tensor]) -> torch.Tensor:
-    """Every rank's [2 chunks, ...] back in row order (rank r held chunks r and 2·cp-1-r)."""
-    cp = len(parts)
-    chunks = [None] * (2 * cp)
-    for rank, part in enumerate(parts):
-        first, second = part.chunk(2, dim=0)
-        chunks[rank], chunks[2 * cp - 1 - rank] = first, second
-    return torch.cat(chunks, dim=0)
 
 
 def with_cp_attention(spec):

@@ -27,7 +27,7 @@ def _host(device):
 
 class CudaIsHost(TorchFunctionMode):
     """Tensors megatron creates with device="cuda" (FP32Optimizer's loss scale, optimizer/optimizer.py:907;
-    the distributed optimizer's and DDP's bucket bookkeeping) are made on the host; `.cuda()` is a no-op;
+    the distributed optimizer's and DDP's bucket bookkeeping) are made on the host, unpinned; `.cuda()` is a no-op;
     a host tensor's `.type()` names its CUDA type (the distributed optimizer sorts parameters by it,
     distrib_optimizer.py:420)."""
 
@@ -35,6 +35,8 @@ class CudaIsHost(TorchFunctionMode):
         kwargs = dict(kwargs or {})
         if "device" in kwargs:
             kwargs["device"] = _host(kwargs["device"])
+        if kwargs.get("pin_memory"):  # RoPE's CP chunk index (rope_utils.py:62): no pinned memory without a device
+            kwargs["pin_memory"] = False
         if func is torch.Tensor.cuda:
             return args[0]
         if func is torch.Tensor.type and len(args) == 1 and not kwargs:

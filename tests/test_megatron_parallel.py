@@ -37,7 +37,7 @@ def forward_logprobs(rank: int, stage: dict) -> dict:
     from aspc.backends.ascend.weight_sync import TorchCommunicator
 
     model = load_checkpoint(build_gpt(stage, rank_args()), stage).eval()
-    comm = TorchCommunicator([*stage["groups"]["dp"], *stage["groups"]["pp"]])
+    comm = TorchCommunicator(g for axis in stage["groups"].values() for g in axis)
     return PipelinedForward.of(stage, comm).logprobs(model, samples(False))
 
 
@@ -95,3 +95,58 @@ def test_a_rank_finds_its_pipeline_group_in_the_launch_stage():
 
     stage = {"groups": {"tp": [[0, 1], [2, 3]], "pp": [[0, 2], [1, 3]]}}
     assert pipeline_group(stage, 3) == [1, 3] and pipeline_group({"groups": {}}, 5) == [5]
+
+
+# ---- context parallelism: each of two ranks holds two chunks of every packed row ----
+def context_parallel(stage: dict, cp: int, tokens: int) -> dict:
+    stage["config"] |= {"context_parallel_size": cp}
+    stage["groups"] = {"dp": [[r] for r in range(cp)], "pp": [[r] for r in range(cp)], "cp": [list(range(cp))]}
+    stage["micro_batching"]["tokens"] = tokens
+    return stage
+
+
+def cp_step(rank: int, stage: dict, changes: dict) -> dict:
+    """One step at lr 1e-2 with the loss `changes`, after the reference's log-probs (the KL term):
+    the stats, the log-probs and the updated weights. Under cp > 1 megatron's core attention is
+    tests/cp_attention.py's (megatron's local attention refuses context parallelism on CPU)."""
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    from cp_attention import with_cp_attention
+
+    if stage["config"]["context_parallel_size"] > 1:
+        local_spec = gpt_layer_specs.get_gpt_layer_local_spec
+        gpt_layer_specs.get_gpt_layer_local_spec = lambda **args: with_cp_attention(local_spec(**args))
+    t = trainer(stage, rank, lr=1e-2, **changes)
+    rollouts = samples(False)
+    t.reference(rollouts)
+    logprobs = {r.key: list(r.ref_logprobs) for r in rollouts}
+    t.reward(rollouts)
+    t.train(rollouts)
+    stats = t.optimizer_step()
+    weights = {k: v.clone() for k, v in t.model.module.state_dict().items()
+               if isinstance(v, torch.Tensor) and "_extra_state" not in k}
+    return {"stats": stats, "logprobs": logprobs, "weights": weights}
+
+
+@pytest.mark.parametrize("tokens", [16, 24], ids=["one-a-row", "packed-24"])
+@pytest.mark.parametrize("mode", ["grpo", "dapo", "token-mean", "seq-mean-token-sum", "entropy"])
+def test_two_context_parallel_ranks_train_as_one_rank_on_the_same_batch(tmp_path, mode, tokens):
+    """MindSpeed-RL's get_batch_on_this_cp_rank split (packing.on_this_cp_rank): the reference's
+    log-probs, the step's loss, gradient norm and updated weights of cp = 2 equal cp = 1's, for the
+    per-sequence means (grpo's seq_mean_token_mean over each sequence's whole length) as for the sums."""
+    from test_trainer_differential import MODES
+
+    folder = checkpoint(tmp_path)
+    one_rank, two_ranks = (context_parallel(train_stage(), cp, tokens) for cp in (1, 2))
+    for stage in (one_rank, two_ranks):
+        stage["builders"]["checkpoint"] = str(folder)
+    changes = MODES[mode] | {"kl": 0.05}
+    [one] = run_job(1, one_rank["config"], cp_step, one_rank, changes)
+    for rank in run_job(2, two_ranks["config"], cp_step, two_ranks, changes):
+        assert rank["stats"]["loss"] == pytest.approx(one["stats"]["loss"], rel=1e-5)
+        assert rank["stats"]["grad_norm"] == pytest.approx(one["stats"]["grad_norm"], rel=1e-4)
+        for key, values in one["logprobs"].items():
+            torch.testing.assert_close(torch.tensor(rank["logprobs"][key]), torch.tensor(values), rtol=1e-4,
+                                       atol=1e-5)
+        for name, tensor in one["weights"].items():
+            torch.testing.assert_close(rank["weights"][name], tensor, rtol=1e-4, atol=1e-6, msg=name)

@@ -50,7 +50,7 @@ def trainer(stage: dict, rank: int, rank_args: dict = RANK_ARGS, **settings):
     from aspc.backends.ascend.weight_sync import TorchCommunicator
 
     s = settings_for(**settings)
-    comm = TorchCommunicator([*stage["groups"]["dp"], *stage["groups"]["pp"]])  # as executors.py builds it
+    comm = TorchCommunicator(g for axis in stage["groups"].values() for g in axis)  # as executors.py builds it
     return MegatronTrainer(stage, rank_args, s, task_reward(s), SyncSetup(None, None, comm))
 
 
@@ -181,7 +181,7 @@ def megatron_forward(rank: int, stage: dict, tokens: torch.Tensor) -> dict:
         with torch.no_grad():
             positions = torch.arange(tokens.shape[1])[None]
             logits = model(tokens, positions, None)
-    comm = TorchCommunicator([*stage["groups"]["dp"], *stage["groups"]["pp"]])
+    comm = TorchCommunicator(g for axis in stage["groups"].values() for g in axis)
     return {"logits": logits, "logprobs": PipelinedForward.of(stage, comm).logprobs(model, samples(False))}
 
 

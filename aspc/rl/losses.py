@@ -93,14 +93,18 @@ def overlong_penalty(length: int, max_tokens: int, buffer: int) -> float:
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, aggregation: str,
-              segments: torch.Tensor | None = None) -> torch.Tensor:
+              segments: torch.Tensor | None = None, counts: torch.Tensor | None = None) -> torch.Tensor:
     """The micro-batch's share of the step loss before `step_divisor` (verl agg_loss's numerator):
     seq_mean_token_mean sums each sequence's token mean; the others sum the tokens. A row is one
     sequence, or with `segments` (packed rows: the sequence index of each position, [R, T]) the
-    means are over each row's sequences, exactly as if they were unpacked."""
+    means are over each row's sequences, exactly as if they were unpacked. `counts` ([R, T]: the
+    tokens the loss counts in each position's whole sequence) is for a rank that holds part of each
+    sequence (context parallelism): its share of every sequence's mean."""
     masked = per_token * mask
     if aggregation != "seq_mean_token_mean":
         return masked.sum()
+    if counts is not None:
+        return (masked / counts.clamp(min=1)).sum()
     if segments is None:
         return (masked.sum(-1) / mask.sum(-1).clamp(min=1)).sum()
     rows = torch.arange(len(segments), device=segments.device)[:, None]
@@ -147,12 +151,13 @@ def off_policy_correction(proximal: torch.Tensor, rollout: torch.Tensor, mode: s
 
 
 def policy_loss(logp, old_logp, ref_logp, advantages, mask, loss: str, clip: float, clip_high: float,
-                kl: float, aggregation: str | None = None, weights=None, segments=None) -> tuple[torch.Tensor, dict]:
+                kl: float, aggregation: str | None = None, weights=None, segments=None,
+                counts=None) -> tuple[torch.Tensor, dict]:
     """Summed (not averaged) clipped-surrogate loss of a micro-batch, with the k3 KL penalty; the
     trainer divides by `step_divisor`. All tensors are [B, T] over response tokens; mask is 1 on
     real tokens; `weights` (off-policy correction) multiply the surrogate, not the KL term;
-    `segments`: packed rows' sequence indices (aggregate). Trainers call it through
-    objective.micro_batch_loss."""
+    `segments`, `counts`: packed rows' sequence indices, a sequence's counted tokens (aggregate).
+    Trainers call it through objective.micro_batch_loss."""
     ratio = torch.exp(torch.clamp(logp - old_logp, -LOG_RATIO_BOUND, LOG_RATIO_BOUND))
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1 - clip, 1 + clip_high) * advantages
@@ -162,7 +167,7 @@ def policy_loss(logp, old_logp, ref_logp, advantages, mask, loss: str, clip: flo
     if kl > 0 and ref_logp is not None:
         diff = ref_logp - logp
         per_token = per_token + kl * (torch.exp(diff) - diff - 1)  # k3 estimator, >= 0
-    total = aggregate(per_token, mask, aggregation or default_aggregation(loss), segments)
+    total = aggregate(per_token, mask, aggregation or default_aggregation(loss), segments, counts)
     # the clip acts (zero gradient) where the clipped term is the smaller: a > 0 above 1 + clip_high,
     # a < 0 below 1 - clip (verl pg_clipfrac, TRL is_low_clipped | is_high_clipped)
     clipped_tokens = float(((clipped < unclipped).float() * mask).sum())

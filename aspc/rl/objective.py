@@ -26,6 +26,7 @@ class TokenTerms:
     ref_logp: torch.Tensor | None = None  # the reference's: the KL penalty (None: no penalty)
     entropy: torch.Tensor | None = None  # needed when the settings' entropy_coef is not 0
     segments: torch.Tensor | None = None  # packed rows: the sequence each position is of; None: a row is one
+    counts: torch.Tensor | None = None  # context parallelism: the counted tokens of each position's whole sequence
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,13 @@ def micro_batch_loss(terms: TokenTerms, s: TrainSettings) -> MicroBatchLoss:
     (AReaL) is the trainer's own, detached: its weights change only at the optimizer step."""
     correction = off_policy_correction(terms.logp.detach(), terms.rollout_logp, s.off_policy, s.is_cap)
     loss, info = policy_loss(terms.logp, correction.old_logp, terms.ref_logp, terms.advantages, terms.mask, s.loss,
-                             s.clip, s.clip_high, s.kl, s.aggregation, correction.weights, terms.segments)
+                             s.clip, s.clip_high, s.kl, s.aggregation, correction.weights, terms.segments,
+                             terms.counts)
     if s.entropy_coef:  # aggregated as the policy loss is (verl compute_entropy_loss)
         if terms.entropy is None:
             raise ValueError("entropy_coef is set but the trainer gave no entropies")
-        loss = loss - s.entropy_coef * aggregate(terms.entropy, terms.mask, s.aggregation, terms.segments)
+        loss = loss - s.entropy_coef * aggregate(terms.entropy, terms.mask, s.aggregation, terms.segments,
+                                                 terms.counts)
     return MicroBatchLoss(loss, float(terms.mask.sum()), info["clipped_tokens"], correction)
 
 

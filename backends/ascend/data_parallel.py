@@ -26,8 +26,9 @@ class RankGroup:
 
     @classmethod
     def of(cls, stage: dict, axis: str, comm, device="cpu") -> RankGroup:
-        """This process's `axis` group ("dp", "pp") of a launch stage; `comm` spans the stage's groups."""
-        if comm is None:
+        """This process's `axis` group ("dp", "pp", "cp") of a launch stage; `comm` spans the stage's
+        groups (a stage that lists no such groups: this rank alone)."""
+        if comm is None or axis not in stage["groups"]:
             return cls(device=str(device))
         return cls(comm, tuple(next(g for g in stage["groups"][axis] if comm.rank in g)), str(device))
 

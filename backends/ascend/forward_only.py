@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import torch
 
 from aspc.backends.ascend.data_parallel import RankGroup
-from aspc.backends.ascend.packing import MicroBatch, feed, model_device, pack, per_sequence
+from aspc.backends.ascend.packing import (MicroBatch, feed, in_row_order, model_device, on_this_cp_rank, pack,
+                                         per_sequence)
 
 
 def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -57,13 +58,14 @@ class PipelinedForward:
     schedule: Callable
     logprob_fn: Callable = token_logprobs
     dp: RankGroup = field(default_factory=RankGroup)
+    cp: RankGroup = field(default_factory=RankGroup)  # each rank holds two chunks of every row (packing.py)
 
     @classmethod
     def of(cls, stage: dict, comm) -> PipelinedForward:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         return cls(stage["micro_batching"]["tokens"], comm, pipeline_group(stage, comm.rank),
-                   get_forward_backward_func(), dp=RankGroup.of(stage, "dp", comm))
+                   get_forward_backward_func(), dp=RankGroup.of(stage, "dp", comm), cp=RankGroup.of(stage, "cp", comm))
 
     def logprobs(self, model, rollouts: list) -> dict:
         """Sample key -> its response tokens' log-probs under `model` (this rank's pipeline stage of it)."""
@@ -71,6 +73,8 @@ class PipelinedForward:
         mine = self.dp.share(batches)
         with torch.no_grad():
             rows = self._last_stage_rows(model, mine)
+        if rows is not None and self.cp.size > 1:  # every context-parallel rank's chunks, in row order
+            rows = in_row_order(self.cp.comm.all_gather(rows.contiguous(), list(self.cp.group)))
         rows = self.dp.gather_rows(self._delivered(rows, len(mine), model_device(model)), len(batches)).cpu()
         return {key: values for row, mb in zip(rows, batches) for key, values in per_sequence(row[None], mb).items()}
 
@@ -79,6 +83,8 @@ class PipelinedForward:
         only), None on the others."""
         def forward_step(data_iterator, stage_model):
             mb = next(data_iterator)
+            if self.cp.size > 1:
+                mb, _ = on_this_cp_rank(mb, {})
             output = stage_model(mb.input_ids, mb.position_ids, mb.attention_mask)
             # megatron divides the first element in place by the micro-batch count: a scalar of its own
             return output, lambda logits: (logits.new_zeros(()), {"logprobs": self.logprob_fn(logits, mb.labels)})

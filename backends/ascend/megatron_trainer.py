@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from aspc.backends.ascend.data_parallel import groups_over
+from aspc.backends.ascend.data_parallel import RankGroup, groups_over
 from aspc.backends.ascend.forward_only import PipelinedForward, token_entropy, token_logprobs
 from aspc.backends.ascend.megatron_model import build_gpt, load_checkpoint, training_parts, zero_gradients
 from aspc.backends.ascend.offload import Offloadable
-from aspc.backends.ascend.packing import feed, model_device, pack
+from aspc.backends.ascend.packing import feed, model_device, on_this_cp_rank, pack, sequence_counts
 from aspc.backends.ascend.reshard import grouped_to_sequential
 from aspc.backends.ascend.weight_sync import gather_hf, whole_hf_in_place
 from aspc.rl.losses import step_divisor
@@ -69,6 +69,7 @@ class MegatronTrainer(Offloadable):
         self.task_reward, self.sync, self.reference_model = task_reward, sync, reference
         self.model, self.optimizer, self.step_func = model, optimizer, step_func
         self.dp, self.pp = groups_over(self.stage, sync.comm, model_device(model))
+        self.cp = RankGroup.of(self.stage, "cp", sync.comm, model_device(model))  # each holds part of every row
         self.critic = None  # a follower's share of the PPO critic (attach_critic)
         self.version = 0
         self.stats: list[dict] = []
@@ -123,18 +124,25 @@ class MegatronTrainer(Offloadable):
 
     def _forward_step(self, count: int):
         """megatron's forward step over this rank's `count` micro-batches: the loss is the summed
-        policy loss (megatron divides it by `count`, undone here; the step divides the sum)."""
+        policy loss (megatron divides it by `count`, undone here; the step divides the sum). With
+        context parallelism each rank of the group takes its two chunks of the row (packing.on_this_cp_rank)
+        and sums its tokens' share of the loss (megatron multiplies it by cp, which DDP's average over
+        the data- and context-parallel ranks undoes), each sequence's mean over its whole length."""
         s = self.settings
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
+            current, counts = self._current_tokens(mb), None
+            if self.cp.size > 1:
+                mb, split = on_this_cp_rank(mb, {"current": current, "counts": sequence_counts(mb)})
+                current, counts = split["current"], split["counts"]
             logits = model(mb.input_ids, mb.position_ids, mb.attention_mask)
 
             def loss_func(output):
                 entropy = token_entropy(output, s.temperature) if s.entropy_coef else None
                 terms = TokenTerms(token_logprobs(output, mb.labels, s.temperature), mb.old_logprobs, mb.advantages,
-                                   mb.loss_mask, mb.ref_logprobs, entropy, mb.segments)
-                self.mismatch.add(terms.logp, mb.old_logprobs, mb.loss_mask * self._current_tokens(mb), [True])
+                                   mb.loss_mask, mb.ref_logprobs, entropy, mb.segments, counts)
+                self.mismatch.add(terms.logp, mb.old_logprobs, mb.loss_mask * current, [True])
                 found = micro_batch_loss(terms, s)
                 return found.loss * count, {"loss": found.loss.detach(), "clipped_tokens": found.clipped_tokens}
 
@@ -155,7 +163,7 @@ class MegatronTrainer(Offloadable):
         divisor (DDP averaged them over the ranks), clipped, Adam; the step's loss so divided."""
         s = self.settings
         divisor = step_divisor(s.aggregation, self.sequences, self.tokens, s.max_tokens)
-        loss = self.dp.total(self.pp.total(self.loss))  # the last stage's, on every stage
+        loss = self.dp.total(self.cp.total(self.pp.total(self.loss)))  # the last stage's, on every stage
         self.model.scale_gradients(self.dp.gradient_scale(divisor))
         succeeded, grad_norm, _ = self.optimizer.step()
         zero_gradients(self.model, self.optimizer)

@@ -95,3 +95,39 @@ def _micro_batch(row: list, tokens: int, advantages: dict) -> MicroBatch:
 def per_sequence(logp: torch.Tensor, mb: MicroBatch) -> dict:
     """Sample key -> its response tokens' values in a packed row's per-position tensor [1, T]."""
     return {key: logp[0, first:end].tolist() for key, (first, end) in zip(mb.keys, mb.spans)}
+
+
+# ---- context parallelism: each rank of a context-parallel group holds two chunks of every row ----
+ROW_FIELDS = ("input_ids", "position_ids", "labels", "loss_mask", "old_logprobs", "advantages", "ref_logprobs",
+              "segments")
+
+
+def sequence_counts(mb: MicroBatch) -> torch.Tensor:
+    """[1, T]: at each position, the tokens the loss counts in its whole sequence (the per-sequence
+    means of a rank that holds part of each sequence)."""
+    segments = mb.segments if mb.segments is not None else torch.zeros_like(mb.loss_mask, dtype=torch.long)
+    totals = torch.zeros(int(segments.max()) + 1, dtype=mb.loss_mask.dtype, device=mb.loss_mask.device)
+    totals = totals.index_add(0, segments.flatten(), mb.loss_mask.flatten())
+    return totals[segments]
+
+
+def on_this_cp_rank(mb: MicroBatch, extra: dict) -> tuple[MicroBatch, dict]:
+    """This context-parallel rank's part of a packed row, as megatron-core splits a batch
+    (utils.get_batch_on_this_cp_rank: 2·cp chunks, rank r takes chunks r and 2·cp-1-r, so causal
+    work is balanced; the mask keeps its columns, the whole row's keys) and MindSpeed-RL feeds its
+    ring attention; `extra`: other [1, T] tensors of the row, split the same way."""
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    tensors = {name: getattr(mb, name) for name in (*ROW_FIELDS, "attention_mask")} | extra
+    split = get_batch_on_this_cp_rank(tensors)
+    return dataclasses.replace(mb, **{name: split[name] for name in (*ROW_FIELDS, "attention_mask")}), \
+        {name: split[name] for name in extra}
+
+
+def in_row_order(parts: list[torch.Tensor], dim: int = -1) -> torch.Tensor:
+    """Every context-parallel rank's two chunks of a row (rank r's: r and 2·cp-1-r) back in row order."""
+    cp = len(parts)
+    chunks: list = [None] * (2 * cp)
+    for rank, part in enumerate(parts):
+        chunks[rank], chunks[2 * cp - 1 - rank] = part.chunk(2, dim=dim)
+    return torch.cat(chunks, dim=dim)
