@@ -54,13 +54,16 @@ def require_npu() -> None:
 def hccl_sender(groups: dict):
     """Rank 0's send over vllm-ascend's HCCL engine: `groups[instance]` is the PyHcclCommunicator
     that HCCLWeightTransferEngine.trainer_init returned for that instance's weight-transfer group
-    (vllm_ascend/distributed/weight_transfer/hccl_engine.py)."""
+    (vllm_ascend/distributed/weight_transfer/hccl_engine.py). The version is staged in host memory
+    (weight_sync.StagedVersions); its broadcast asserts each tensor is on the communicator's NPU
+    (PyHcclCommunicator.broadcast), so each goes there as the engine takes it, one at a time."""
     from vllm_ascend.distributed.weight_transfer.hccl_engine import HCCLWeightTransferEngine
 
-    from aspc.backends.ascend.weight_sync import named_tensors
+    from aspc.backends.ascend.weight_sync import on_device
 
     def send(tensors: dict, instance: int) -> None:
-        HCCLWeightTransferEngine.trainer_send_weights(named_tensors(tensors), {"group": groups[instance], "src": 0})
+        group = groups[instance]
+        HCCLWeightTransferEngine.trainer_send_weights(on_device(tensors, group.device), {"group": group, "src": 0})
 
     return send
 

@@ -164,22 +164,32 @@ def whole_hf_in_place(arch: ModelArch, local: dict, train: Parallel, comm: Commu
 # ---- separate pools: vllm-ascend's HCCL weight transfer ----
 def gather_hf(arch: ModelArch, local: dict, train: Parallel, comm: Communicator,
               layout: reshard.Layout | None = None) -> dict[str, torch.Tensor]:
-    """Full Hugging Face-named tensors on trainer rank 0 (an empty dict on every other rank; all
-    ranks must call it, they take part in the collectives). `layout`: the trainer's."""
+    """Full Hugging Face-named tensors on trainer rank 0, in host memory (an empty dict on every other
+    rank; all ranks must call it, they take part in the collectives). `layout`: the trainer's.
+    Streamed: each parameter is made whole on the device (tensor, expert all-gather; the pipeline
+    broadcast into a buffer on the rank's device, as HCCL needs), then moved to the host at once, so
+    no rank's device ever holds more than one whole parameter beside its training state (the whole
+    model, 61 GiB for Qwen2.5-32B, would not fit a 64 GiB NPU beside it)."""
     reshard.check_supported(arch, train.tp, train.pp, train.ep, layout)
     layout = layout or reshard.PLAIN
     groups, coords = my_groups(train, comm.rank), coords_of(train, comm.rank)
     cuts, whole = reshard.full_params(arch, layout), {}
+    device = next(iter(local.values())).device
     for name in sorted(local):
         full_name = reshard.global_name(arch, name, coords["pp"], train.pp, coords["ep"], train.ep, layout)
-        whole.update(_gathered(arch, cuts[full_name], full_name, local[name], train, groups, comm))
+        whole.update((n, t.to("cpu")) for n, t in _gathered(arch, cuts[full_name], full_name, local[name], train,
+                                                            groups, comm))
     if 0 not in groups["pp"]:  # only rank 0's pipeline group assembles the model
         return {}
-    shapes = reshard.full_shapes(arch, layout)
+    shapes, dtype = reshard.full_shapes(arch, layout), _dtype(local)
     for stage, src in enumerate(groups["pp"]):
+        if src == 0:  # rank 0's own stage: on its host already
+            continue
         for name in sorted(n for n in shapes if reshard.stage_of(arch, n, train.pp, layout) == stage):
-            buffer = whole[name] if comm.rank == src else torch.empty(shapes[name], dtype=_dtype(whole))
-            whole[name] = comm.broadcast(buffer, src, groups["pp"])
+            sent = whole[name].to(device) if comm.rank == src else torch.empty(shapes[name], dtype=dtype, device=device)
+            received = comm.broadcast(sent, src, groups["pp"])
+            if comm.rank == 0:
+                whole[name] = received.to("cpu")
     return reshard.to_hf(arch, whole, layout) if comm.rank == 0 else {}
 
 
@@ -210,6 +220,12 @@ def named_tensors(tensors) -> Iterator[tuple[str, torch.Tensor]]:
     if not isinstance(tensors, dict):
         return iter(tensors)
     return ((name, tensors[name]) for name in update_info(tensors)["names"])
+
+
+def on_device(tensors: dict, device) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) in `update_info` order, each copied to `device` as it is taken: a staged
+    version's tensors reach the NPU one at a time, never the whole model at once."""
+    return ((name, tensor.to(device)) for name, tensor in named_tensors(tensors))
 
 
 def largest_bytes(tensors) -> int:
