@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from test_ascend_conformance import _dotted as _owner  # noqa: E402 (`x` or `self.x`, as the AST check reads owners)
 EXECUTORS = ROOT / "backends" / "ascend"
 PACKAGES = ("vllm", "vllm_ascend", "megatron", "torchair", "torch_npu")
 TESTS = ["tests/test_megatron_real.py", "tests/test_trainer_differential_megatron.py",
@@ -78,14 +80,6 @@ def imported_names(tree: ast.Module) -> dict[str, str]:
             names |= {alias.asname or alias.name: alias.name for alias in node.names
                       if alias.name.split(".")[0] in PACKAGES}
     return names
-
-
-def _owner(node) -> str:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
-        return f"self.{node.attr}"
-    return ""
 
 
 def built_objects(tree: ast.Module, imported: dict[str, str]) -> set[str]:
@@ -148,7 +142,6 @@ def mutated(text: str, site: Site) -> str:
 
 def conformance_check():
     """`check(text)`: the names the AST conformance test finds unknown in one executor file's text."""
-    sys.path.insert(0, str(ROOT / "tests"))
     import test_ascend_conformance as conformance
 
     packages = ("vllm", "vllm_ascend", "megatron", "torchair")
