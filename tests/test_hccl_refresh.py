@@ -44,18 +44,19 @@ def real_hccl_engine(monkeypatch):
 
 class NpuCommunicator:
     """PyHcclCommunicator as trainer_send_weights uses it: `device`, and broadcast(tensor, src,
-    stream) asserting the tensor is on that device (pyhccl.py); it records how many tensors it was
-    given are still alive on the device at each broadcast."""
+    stream) asserting the tensor is on that device (pyhccl.py); nothing the real class lacks. Each
+    tensor it is given goes to the test's `given` callback (a closure, not an attribute)."""
 
-    def __init__(self, device: str):
-        self.device, self.given, self.alive_at_send, self.shapes = torch.device(device), [], [], []
+    def __init__(self, device: str, given=lambda tensor: None):
+        self.device = torch.device(device)
 
-    def broadcast(self, tensor: torch.Tensor, src: int, stream=None):
-        assert tensor.device == self.device, (
-            f"this hccl communicator is created to work on {self.device}, but the input tensor is on {tensor.device}")
-        self.given.append(weakref.ref(tensor))
-        self.alive_at_send.append(sum(ref() is not None for ref in self.given))
-        self.shapes.append(tuple(tensor.shape))
+        def broadcast(tensor: torch.Tensor, src: int, stream=None):
+            assert tensor.device == self.device, (
+                f"this hccl communicator is created to work on {self.device}, but the input tensor is on "
+                f"{tensor.device}")
+            given(tensor)
+
+        self.broadcast = broadcast
 
 
 def test_the_stand_in_has_the_real_communicators_broadcast_signature(monkeypatch):
@@ -71,9 +72,16 @@ def test_a_host_staged_version_reaches_the_npu_one_tensor_at_a_time(monkeypatch)
     engine, _ = real_hccl_engine(monkeypatch)
     monkeypatch.setitem(sys.modules, ENGINE, SimpleNamespace(HCCLWeightTransferEngine=engine))
     staged = {f"model.layers.{i}.mlp.down_proj.weight": torch.randn(4, 3 + i) for i in range(5)}  # on the host
-    group = NpuCommunicator("meta")
+    refs, alive_at_send, shapes = [], [], []
+
+    def given(tensor):  # at each broadcast: how many tensors given so far are still on the device
+        refs.append(weakref.ref(tensor))
+        alive_at_send.append(sum(ref() is not None for ref in refs))
+        shapes.append(tuple(tensor.shape))
+
+    group = NpuCommunicator("meta", given)
     executors.hccl_sender({0: group})(staged, 0)
-    assert sorted(group.shapes) == sorted(tuple(t.shape) for t in staged.values())
-    assert max(group.alive_at_send) == 1  # streamed: the previous tensor left the device before the next came
+    assert sorted(shapes) == sorted(tuple(t.shape) for t in staged.values())
+    assert max(alive_at_send) == 1  # streamed: the previous tensor left the device before the next came
     with pytest.raises(AssertionError, match="created to work on meta"):  # host tensors, as staged before
-        engine.trainer_send_weights(iter(staged.items()), {"group": group, "src": 0})
+        engine.trainer_send_weights(iter(staged.items()), {"group": NpuCommunicator("meta"), "src": 0})

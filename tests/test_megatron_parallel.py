@@ -10,7 +10,7 @@ pytest.importorskip("megatron.core")
 
 from megatron_cpu import run_job  # noqa: E402
 from test_ascend_load import train_stage  # noqa: E402
-from test_megatron_real import checkpoint, hf_logprobs, hf_model, stage_on, step, trainer  # noqa: E402
+from test_megatron_real import checkpoint, held_weights, hf_logprobs, hf_model, stage_on, step, trainer  # noqa: E402
 from test_trainer_differential import samples  # noqa: E402
 
 
@@ -24,11 +24,11 @@ def pipelined(stage: dict, pp: int) -> dict:
 
 def rank_args() -> dict:
     """This rank's pipeline stage, from megatron's parallel state (as the launch plan's model_args say)."""
+    from aspc.backends.ascend.megatron_args import rank_model_args
     from megatron.core import parallel_state
 
-    stage, stages = (parallel_state.get_pipeline_model_parallel_rank(),
-                     parallel_state.get_pipeline_model_parallel_world_size())
-    return {"pre_process": stage == 0, "post_process": stage == stages - 1}
+    return rank_model_args(parallel_state.get_pipeline_model_parallel_rank(),
+                           parallel_state.get_pipeline_model_parallel_world_size())
 
 
 def forward_logprobs(rank: int, stage: dict) -> dict:
@@ -54,18 +54,17 @@ def test_two_pipeline_stages_give_the_hf_models_log_probs_on_every_stage(tmp_pat
 
 def one_step(rank: int, stage: dict) -> dict:
     """A step at lr 1e-2: its stats and the weights this rank holds after it (global layer numbers)."""
-    pp = stage["config"]["pipeline_model_parallel_size"]
+    from megatron.core import parallel_state
+
+    from aspc.backends.ascend.megatron_model import arch_of
+    from aspc.backends.ascend.reshard import global_name
+
     t = trainer(stage, rank, rank_args(), lr=1e-2)
     stats = step(t)
-    offset = rank * (stage["config"]["num_layers"] // pp) if pp > 1 else 0
-    weights = {}
-    for name, tensor in t.model.module.state_dict().items():
-        if isinstance(tensor, torch.Tensor) and "_extra_state" not in name:
-            parts = name.split(".")
-            if parts[:2] == ["decoder", "layers"]:
-                parts[2] = str(int(parts[2]) + offset)
-            weights[".".join(parts)] = tensor.clone()
-    return {"stats": stats, "weights": weights}
+    stage_rank, stages = (parallel_state.get_pipeline_model_parallel_rank(),
+                          parallel_state.get_pipeline_model_parallel_world_size())
+    return {"stats": stats, "weights": {global_name(arch_of(stage), name, stage_rank, stages, 0, 1): tensor
+                                        for name, tensor in held_weights(t).items()}}
 
 
 @pytest.mark.parametrize("split", ["pp2", "dp2"])
@@ -123,9 +122,7 @@ def cp_step(rank: int, stage: dict, changes: dict) -> dict:
     t.reward(rollouts)
     t.train(rollouts)
     stats = t.optimizer_step()
-    weights = {k: v.clone() for k, v in t.model.module.state_dict().items()
-               if isinstance(v, torch.Tensor) and "_extra_state" not in k}
-    return {"stats": stats, "logprobs": logprobs, "weights": weights}
+    return {"stats": stats, "logprobs": logprobs, "weights": held_weights(t)}
 
 
 @pytest.mark.parametrize("mode, tokens", [("grpo", 16), ("grpo", 24), ("dapo", 24), ("seq-mean-token-sum", 24),

@@ -81,6 +81,12 @@ def step(t) -> dict:
     return t.optimizer_step()
 
 
+def held_weights(t) -> dict:
+    """Copies of the parameters a trainer's rank holds (its megatron module's state dict, local names)."""
+    return {name: tensor.clone() for name, tensor in t.model.module.state_dict().items()
+            if isinstance(tensor, torch.Tensor) and "_extra_state" not in name}
+
+
 def steps_around_an_offload(rank: int, stage: dict, offload: bool) -> dict:
     """Two steps; between them, with `offload`, the pool goes to generation and back (offload.py):
     -> the storage left on the device while offloaded, and the weights after the second step."""
@@ -92,8 +98,7 @@ def steps_around_an_offload(rank: int, stage: dict, offload: bool) -> dict:
         held = sum(p.untyped_storage().size() + p.main_grad.untyped_storage().size() for p in t.model.parameters())
         t.onload()
     step(t)
-    return {"held": held, "weights": {k: v.clone() for k, v in t.model.module.state_dict().items()
-                                      if isinstance(v, torch.Tensor)}}
+    return {"held": held, "weights": held_weights(t)}
 
 
 @pytest.mark.parametrize("world, distributed, bf16", [(2, True, False), (1, False, False), (2, True, True)],

@@ -21,7 +21,6 @@ import click
 from aspc.cli.npu_install import CANN_VERSION, TRITON_ASCEND, VLLM_VERSION, step_hint
 
 # The versions that go together: vllm-ascend 0.23.0's own pins (npu_install.py)
-TORCH_NPU_SERIES = "2.10"
 TRITON_ASCEND_VERSION = TRITON_ASCEND.split("==")[1]
 # The megatron-core series the lowering's configs and layer specs are checked against
 # (tests/test_ascend_conformance.py): 0.12 is MindSpeed's (core_v0.12.1), 0.16 the test extra's pin
