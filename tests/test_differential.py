@@ -36,7 +36,10 @@ _CONTENDED = {**_DISAGGREGATED, "tool_workers = 4": "tool_workers = 1",  # one r
               "stream = 8 }": "stream = 8, partial_rollout = 2 }"}  # turn boundaries
 _TIMEOUTS = {"timeout = 5": "timeout = 0.5"}  # every call runs past its timeout: episodes end on it
 _FILTERED = {"micro_tokens = 1k\n}": "micro_tokens = 1k, filter_groups = true\n}"}  # dynamic sampling
-PLANS = {"time_shared": {}, "disaggregated": _DISAGGREGATED, "reward_model": _REWARD_MODEL, "judge": _JUDGE,
+_CARRIED = {"stream = 8 }": "stream = 8, partial_rollout = 1 }"}  # a time-shared pool's phases end at their tail
+_MINI_BATCHED = {"micro_tokens = 1k\n}": "micro_tokens = 1k, mini_batches = 2\n}"}  # two optimizer steps a phase
+PLANS = {"time_shared": {}, "time_shared_carried": _CARRIED, "mini_batched": _MINI_BATCHED,
+         "disaggregated": _DISAGGREGATED, "reward_model": _REWARD_MODEL, "judge": _JUDGE,
          "reward_on_learner": _REWARD_ON_LEARNER, "reference_on_rollout": _REFERENCE_ON_ROLLOUT,
          "agentic": {}, "agentic_contended": _CONTENDED,
          "agentic_timeouts": _TIMEOUTS, "filtered": _FILTERED,
@@ -117,8 +120,10 @@ def test_sim_and_local_drivers_take_the_same_actions(tmp_path, recorded, name, s
     assert sim_trace == local_trace, first_difference(sim_trace, local_trace)
     kinds = {type(a).__name__ for _, _, actions in sim_trace for a in actions}
     assert {"Dispatch", "RunWork", "OptimizerStep", "PublishWeights", "SyncWeights", "Finished"} <= kinds
-    if name in ("time_shared", "reference_on_rollout"):
+    if name in ("time_shared", "time_shared_carried", "reference_on_rollout"):
         assert "SwitchPool" in kinds
+    if name == "time_shared_carried" and schedule == "asp":  # requests in flight went on after the learner's turn
+        assert any(type(a).__name__ == "SyncWeights" and a.interrupt for _, _, actions in sim_trace for a in actions)
     if name in ("reward_model", "judge") and schedule == "asp":  # streamed units: both judges instances score them
         executors = {a.executor for _, _, actions in sim_trace for a in actions
                      if type(a).__name__ == "RunWork" and a.work.kind == "reward"}

@@ -82,7 +82,7 @@ class FakeDecode:
     def beta(self, batch: int) -> float:
         return self.step
 
-    def prefill(self, tokens: int, requests: int = 1) -> float:
+    def prefill(self, tokens: int, requests: int = 1, squares: float = 0.0) -> float:
         return 0.0
 
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 import bisect
 
 # tail: a generation instance decoding below its saturated batch (a few long-tail sequences left);
+# preempt: a generation instance computing again the KV of sequences it preempted (its cache was full);
 # tool_wait: a generation instance holds live episodes and every one of them waits on a tool call
-CATEGORIES = ("useful", "padding", "tail", "skewness", "sorting", "sync", "idle", "tool_wait")
+CATEGORIES = ("useful", "padding", "tail", "preempt", "skewness", "sorting", "sync", "idle", "tool_wait")
 # how every picture draws them (the PNG plot and the report page), and a tool runner's own spans
-COLORS = {"useful": "#2e7d32", "padding": "#f9a825", "tail": "#ff8a65", "skewness": "#c62828", "sorting": "#6a1b9a",
-          "sync": "#1565c0", "idle": "#bdbdbd", "tool_wait": "#ef6c00", "tool": "#8d6e63"}
+COLORS = {"useful": "#2e7d32", "padding": "#f9a825", "tail": "#ff8a65", "preempt": "#ad1457", "skewness": "#c62828",
+          "sorting": "#6a1b9a", "sync": "#1565c0", "idle": "#bdbdbd", "tool_wait": "#ef6c00", "tool": "#8d6e63"}
 
 
 def merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:

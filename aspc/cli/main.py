@@ -202,7 +202,12 @@ def simulate(file, compare, best_layout, show_baseline, steps, trace_path, trace
     results = _simulate_plans(file, plans, steps)
     if compare and baseline.plan is not None:
         results[-1:-1] = _simulate_baseline(baseline, steps)  # beside sync, before asp
+    notes: list[str] = []
+    if compare:
+        results, notes = _sync_at_best_mini_batching(file, results, plans, baseline.plan, steps)
     click.echo(compare_table(results) if compare else summary(results[0]), nl=False)
+    for note in notes:
+        click.echo(note)
     if compare and baseline.reason:
         click.echo(baseline_note(baseline.reason))
     _write_pictures([r for r in results if r.schedule in SCHEDULES], trace_path, plot_path, trace_detail)
@@ -242,6 +247,17 @@ def _simulate_plans(file, plans, steps: int) -> list:
             except SimulationStalled as error:
                 raise click.ClickException(f"{file}: {error}; please report it with this file") from None
     return results
+
+
+def _sync_at_best_mini_batching(file, results: list, plans: list, colocated, steps: int) -> tuple[list, list[str]]:
+    """The sync rows at their fastest mini-batching up to asp's staleness + 1 (aspc/cli/mini_batching.py)."""
+    from aspc.cli.mini_batching import best_mini_batching
+    from aspc.controller.config import ControllerConfig
+    from aspc.drivers.sim.report import COLOCATED_SYNC
+
+    by_schedule = {p.schedule: p for p in plans} | ({COLOCATED_SYNC: colocated} if colocated is not None else {})
+    staleness = ControllerConfig.from_plan(by_schedule["asp"], steps).staleness
+    return best_mini_batching(results, by_schedule, staleness, lambda plan: _simulate_plans(file, [plan], steps)[0])
 
 
 @dataclass

@@ -67,7 +67,10 @@ def _simulated(file, overrides, steps):
     results = cli._simulate_plans(file, plans, steps)
     baseline = cli._colocated_baseline(file, overrides, None, compiled[-1])
     colocated = cli._simulate_baseline(baseline, steps) if baseline.plan is not None else []
-    note = f"sync@colocated: not available: {baseline.reason}" if baseline.reason else ""
+    # the sync rows at their best mini-batching, as `aspc simulate --compare` shows them
+    both, said = cli._sync_at_best_mini_batching(file, results + colocated, plans, baseline.plan, steps)
+    results, colocated = both[:len(results)], both[len(results):]
+    note = "; ".join(said + ([f"sync@colocated: not available: {baseline.reason}"] if baseline.reason else []))
     schedules = [CompiledSchedule(c.graph, _changes(c), r) for c, r in zip(compiled, results)]
     return schedules, colocated, note
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
 
 from aspc.controller.config import ControllerConfig
 from aspc.controller.devices import DeviceWork, Item
@@ -17,6 +18,11 @@ from aspc.controller.tools import ToolRunners
 
 TRAIN_PASSES = 3  # a train pass (forward and backward) weighs three forward passes (rebalance.py)
 ENDING = ("timeout", "crashed")  # tool-call statuses that end the episode (aspc/controller/episodes.py)
+# Carry-over (Controller._carries_over): a time-shared pool's generation phase ends once the requests
+# in flight fill at most this share of the instances' capacity (its tail has begun)
+# (0.5 and 1.0 gave the same step times on dapo_32b at staleness 1 and 2: docs/simulator.md, "Carry-over")
+CARRY_BELOW = 0.5
+_queue_of = attrgetter("queue")
 
 
 class Controller:
@@ -249,11 +255,13 @@ class Controller:
 
     def _switches(self) -> list:
         """Hand a time-shared pool to the learner when generation has nothing it can run and the
-        learner has, and back when the learner is done and generation has work."""
+        learner has, or when the generation phase may end before its tail (`_carries_over`); and
+        back when the learner is done and generation has work."""
         if not self.shared or self.mode == "switching":
             return []
         # the cheap tests first: `gen_busy` scans every instance and queue (after every event)
-        if self.mode == "gen" and self.devices.waiting_for(self.shared) and not self._gen_busy():
+        if self.mode == "gen" and self.devices.waiting_for(self.shared) \
+                and (not self._gen_busy() or self._carries_over()):
             target = "learn"
         elif self.mode == "learn" and not self.devices.busy(self.shared) \
                 and not self.devices.waiting_for(self.shared) and self._gen_busy():
@@ -265,6 +273,29 @@ class Controller:
         self.mode = "switching"
         self.gen.paused = True
         return [SwitchPool(pool, target)]
+
+    def _carries_over(self) -> bool:
+        """Partial rollout on a time-shared pool ends a generation phase at its tail instead of
+        draining it (docs/simulator.md, "Carry-over"): once the next step to train has all its
+        samples, nothing is queued, and what is still in flight is at most CARRY_BELOW of the
+        instances' capacity, the learner takes the pool. The requests in flight pause there (their
+        KV is dropped with the engine's memory) and go on after the learner's new weights, an
+        interrupting weight sync, so each is split once more (at most `partial_rollout` times).
+        They belong to later steps, released under the staleness bound, so they stay within it."""
+        if not self.config.partial_rollout or self.config.tool_workers or self.filter is not None:
+            return False
+        gen = self.gen
+        if not gen.complete_through(self.version) or any(map(_queue_of, gen.instances)):
+            return False
+        running = capacity = 0
+        for i, inst in enumerate(gen.instances):
+            if not inst.live or inst.away:
+                continue
+            if inst.pending_sync is not None or inst.syncing is not None or not self._splittable(i):
+                return False
+            running += len(inst.inflight)
+            capacity += inst.capacity
+        return running <= CARRY_BELOW * capacity
 
     def _gen_busy(self) -> bool:
         for i in range(len(self.gen.instances)):  # a loop, not a generator: asked after every event

@@ -64,6 +64,7 @@ class Generation:
         self.finished_count = 0
         self.finished_turns = 0
         self.released_steps = start_version
+        self.open: dict[int, int] = {}  # step -> its released samples not finished (queued or in flight)
         self.trained = start_version  # optimizer steps done: the next step to train is this one
         self.routed = 0
         self.paused = False  # the time-shared pool belongs to the learner (or is changing hands)
@@ -90,7 +91,7 @@ class Generation:
         """`opening(step)`: how many prompts a step opens with (dynamic sampling); default prompts_per_step."""
         c = self.config
         self.trained = version
-        while self.released_steps < c.steps and self.released_steps - c.staleness <= version:
+        while self.released_steps < c.steps and c.phase_start(self.released_steps) - c.staleness <= version:
             step = self.released_steps
             self.release_prompts(step, range(opening(step) if opening else c.prompts_per_step))
             self.released_steps += 1
@@ -101,6 +102,7 @@ class Generation:
             length = self.prompt_len(step, prompt)
             predicted = self.predicted((step, prompt, 0), length)  # the same for the whole group
             samples = [((step, prompt, g), length, predicted) for g in range(c.group)]
+            self.open[step] = self.open.get(step, 0) + c.group
             units = [samples] if c.group_affinity else [[s] for s in samples]
             for unit in units:
                 self.route(unit)
@@ -112,7 +114,9 @@ class Generation:
         for inst in self.instances:
             for index in reversed(range(len(inst.queue))):
                 if inst.queue[index][0][0][0] == step:
-                    dropped |= {r[0][1] for r in inst.remove(index)}
+                    unit = inst.remove(index)
+                    self.open[step] -= len(unit)
+                    dropped |= {r[0][1] for r in unit}
         return sorted(dropped - {s[1] for s in self.start_version if s[0] == step})
 
     def route(self, unit: list) -> None:
@@ -130,7 +134,8 @@ class Generation:
     # -- dispatch --
     def dispatchable(self, unit: list, inst: InstanceState) -> bool:
         step = unit[0][0][0]
-        return step - self.config.staleness <= inst.loaded and not self._behind_its_tail(step, inst)
+        return self.config.phase_start(step) - self.config.staleness <= inst.loaded \
+            and not self._behind_its_tail(step, inst)
 
     def _behind_its_tail(self, step: int, inst: InstanceState) -> bool:
         """Tail first: an instance still decoding samples of the next step to train takes no work
@@ -216,11 +221,12 @@ class Generation:
         hundreds of thousands."""
         inst, where, history, done = self.instances[instance], self.inflight, self.history, []
         inflight, work = inst.inflight, inst.inflight_work
-        lengths_sum, turns_sum = self.finished_lengths, self.finished_turns
+        lengths_sum, turns_sum, open_samples = self.finished_lengths, self.finished_turns, self.open
         for sample, _, length, turns in finished:
             if where.get(sample) != instance:
                 continue
             del where[sample]
+            open_samples[sample[0]] -= 1
             work -= inflight.pop(sample)
             history.setdefault(sample[:2], []).append(length)
             lengths_sum += length
@@ -230,6 +236,10 @@ class Generation:
         self.finished_lengths, self.finished_turns = lengths_sum, turns_sum
         self.finished_count += len(done)
         return done
+
+    def complete_through(self, step: int) -> bool:
+        """Every released sample of the steps up to `step` has finished (and `step` was released)."""
+        return self.released_steps > step and not any(n for s, n in self.open.items() if s <= step)
 
     # -- agentic episodes --
     def remaining(self, turns: int, generated: int) -> float:

@@ -54,7 +54,8 @@ class CalibratedGeneration:
         step = self.cal.decode_fixed + self.cal.decode_per_seq * batch + self.cal.step_round_trip
         return step * _slowdown(self.share)
 
-    def prefill(self, tokens: int, requests: int = 1) -> float:
+    def prefill(self, tokens: int, requests: int = 1, squares: float = 0.0) -> float:
+        """Measured per token at the CPU runtime's lengths (attention included there: `squares` unused)."""
         return (self.cal.prefill_fixed * requests + self.cal.prefill_per_token * tokens) * _slowdown(self.share)
 
 

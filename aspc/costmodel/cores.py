@@ -99,8 +99,9 @@ class CoreShare:
 
 
 def _computing(inst, now: float) -> bool:
-    """An instance decodes, prefills or loads weights (sequences waiting on a tool call do not count)."""
-    return bool(inst.active) or inst.busy_until > now
+    """An instance decodes, prefills or loads weights (sequences waiting on a tool call do not count,
+    nor those of an instance suspended while the learner holds its pool)."""
+    return not inst.suspended and (bool(inst.active) or inst.busy_until > now)
 
 
 def _move_span(sim, kind: str, payload: tuple, old: float, end: float) -> None:

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from importlib import resources
 
 from aspc.ir.facts import DTYPE_BYTES, GIB, Hardware, ModelArch, hardware_table
+from aspc.ir.memory import generation_need
 from aspc.ir.graph import Parallel
-from aspc.plan.execution_plan import ExecutionPlan, StagePlan
+from aspc.ir.kinds import kind_rule
+from aspc.plan.execution_plan import ExecutionPlan, ModelPlan, StagePlan
 
 
 @functools.lru_cache(maxsize=1)
@@ -77,9 +79,14 @@ class GenerationCost:
         per_rank = max(batch / self.par.dp, 1)
         return max(dense + experts * touched, compute * per_rank) + launch + self.communication(max(batch, 1))
 
-    def prefill(self, tokens: int, requests: int = 1) -> float:
+    def prefill(self, tokens: int, requests: int = 1, squares: float = 0.0) -> float:
+        """`tokens` new tokens, `squares` the sum over requests of (context after)^2 - (context
+        before)^2: causal attention over the whole context costs 2·squares·L·H·d FLOPs beside the
+        GEMMs' 2·N_active per token (about 30% more at 30k tokens on Qwen2.5-32B). A caller that
+        does not know the contexts passes 0 (prompts alone: the prompt lengths squared)."""
         flops_per_token, flops_per_second = self._prefill_rates
-        return flops_per_token * tokens / flops_per_second + self.communication(tokens)
+        attention = 2 * squares * self.arch.layers * self.arch.heads * self.arch.head_dim
+        return (flops_per_token * tokens + attention) / flops_per_second + self.communication(tokens)
 
     @functools.cached_property
     def _prefill_rates(self) -> tuple[float, float]:
@@ -131,6 +138,18 @@ class GenerationCost:
         per_seq = tokens_per_sequence * self.arch.kv_bytes_per_token(self.dtype_bytes) * self.alpha_split()
         by_memory = int(room / per_seq) * self.par.dp if room > 0 else 1
         return max(1, min(by_memory, (max_num_seqs or g["max_num_seqs_per_rank"]) * self.par.dp))
+
+    def kv_tokens(self, memory: float | None = None) -> float:
+        """Tokens of context the instance's KV cache holds, all sequences together (each data-parallel
+        rank its share): the KV room `capacity` divides among sequences of the mean length. The
+        simulator never lets an instance hold more (it preempts, as vLLM's scheduler does)."""
+        g = parameters()["generation"]
+        usable_bytes = self.hw.hbm_gib * GIB * (memory or parameters()["efficiency"]["memory"])
+        weights = (self.arch.dense_params() / self.par.tp + self.arch.expert_params() / self.par.ep) \
+            * self.dtype_bytes / self.par.pp
+        room = usable_bytes * (1 - g["activation_reserve"]) - weights
+        per_token = self.arch.kv_bytes_per_token(self.dtype_bytes) * self.alpha_split()
+        return max(room, 0.0) / per_token * self.par.dp
 
     def alpha_split(self) -> float:
         split = 1 if self.arch.attention == "mla" else min(self.par.tp, self.arch.kv_heads)
@@ -321,6 +340,74 @@ def offload_seconds(nbytes_per_device: float) -> float:
 
 def hardware_of(plan: ExecutionPlan, stage: StagePlan) -> Hardware:
     return hardware_table()[plan.pool(stage.pool).hardware]
+
+
+def memory_share(memory: float, sharers: int) -> float:
+    """An engine's gpu_memory_utilization when `sharers` processes start on its NPUs: its equal share,
+    rounded down, so that vllm-ascend's start-up free-memory check passes whoever starts first (the
+    Ascend launch gives it this; the simulator prices it)."""
+    return memory if sharers == 1 else math.floor(memory / sharers * 100) / 100
+
+
+def engine_sharers(plan: ExecutionPlan, stage: StagePlan) -> int:
+    """Processes on one NPU of a generate stage's pool at launch: the engine's, and where it
+    time-shares the pool, one per other device stage there that runs processes of its own (a stage
+    that runs inside the trainer's processes adds none; aspc/backends/ascend/lowering.py)."""
+    if stage.placement != "time_shared":
+        return 1
+    trains = bool(plan.stages_of("train"))
+    others = [s for s in plan.stages if s.pool == stage.pool and s.name != stage.name
+              and (rule := kind_rule(s.kind, _source_funcs(s))).ascend is not None
+              and not (rule.ascend.in_trainer and trains)]
+    return 1 + len(others)
+
+
+def _source_funcs(stage: StagePlan):
+    return [s.func for s in dict(stage.options).get("sources", ())] if stage.kind == "reward" else []
+
+
+def engine_memory(plan: ExecutionPlan, stage: StagePlan) -> float:
+    """The share of each device a generate stage's engine takes, as the Ascend launch gives it
+    (aspc/backends/ascend/engine_args.py): its gpu_memory_utilization (default [efficiency] memory,
+    vLLM's 0.9) divided among the processes that start on its NPUs, or what it needs to start when
+    that is more (weights, one max_model_len of KV, the runtime margin)."""
+    options = dict(stage.options)
+    memory = options.get("gpu_memory_utilization") or parameters()["efficiency"]["memory"]
+    model = plan.model(stage.model)
+    max_model_len = plan.dataset(stage.data).max_prompt + options["max_tokens"]
+    environments = plan.stages_of("environment")
+    if environments:
+        max_model_len = episode_model_len(model, dict(environments[0].options), max_model_len)
+    return engine_share(plan, stage, model, max_model_len, memory_share(memory, engine_sharers(plan, stage)))
+
+
+# vllm-ascend's non-KV memory beyond the weights: the profile run's activation peak, ACL graphs, HCCL
+# buffers, the CANN context (an estimate read from worker.py's accounting, never measured on an NPU)
+ENGINE_RUNTIME_BYTES = 4 * GIB
+
+
+def engine_need(model: ModelPlan, stage: StagePlan, max_model_len: int) -> float:
+    """Bytes one engine process needs on each of its NPUs to start: its weight shard, a KV cache for
+    one request of max_model_len (vLLM refuses less) and the runtime margin."""
+    return generation_need(model.arch, model.dtype, stage.parallel, max_model_len).total + ENGINE_RUNTIME_BYTES
+
+
+def engine_share(plan: ExecutionPlan, stage: StagePlan, model: ModelPlan, max_model_len: int, share: float) -> float:
+    """gpu_memory_utilization: the equal share among the processes on the engine's NPUs when that
+    holds what the engine needs, else the need itself rounded up to a hundredth (the engine then
+    starts alone on its NPUs and sleeps before the others start: StageLaunch.startup)."""
+    device = hardware_table()[plan.pool(stage.pool).hardware].hbm_gib * GIB
+    return max(share, math.ceil(engine_need(model, stage, max_model_len) / device * 100) / 100)
+
+
+def episode_model_len(model: ModelPlan, environment: dict, single_turn: int) -> int:
+    """An agentic episode's context: the prompt, its model tokens and an observation after every turn
+    but the last (each at most max_tool_tokens), within the model's context (vLLM refuses more than
+    its max_position_embeddings). The CPU generator's episodes end where this runs out."""
+    observations = (environment["max_turns"] - 1) * environment["max_tool_tokens"]
+    return min(model.arch.max_seq, single_turn + observations)
+
+
 
 
 def usable_hbm(hw: Hardware) -> float:

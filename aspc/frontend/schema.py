@@ -247,6 +247,10 @@ STAGES: dict[str, dict[str, OptionSpec]] = {
         *LOSS_OPTIONS,
         _count("micro_tokens", "token budget of one micro-batch", 16384),
         _count("epochs", "passes over each step's samples", 1),
+        _count("mini_batches", "optimizer steps per generation phase: the steps' prompts are released and "
+               "generated together with the same weights, then trained one after another (verl's "
+               "train_batch_size / ppo_mini_batch_size; each step keeps prompts_per_step); default: 1",
+               DERIVED),
         OptionSpec("weight_decay", "float", 0.0, "AdamW weight decay", lo=0),
         OptionSpec("grad_clip", "float", 1.0, "gradient norm clip (0: off)", lo=0),
         OptionSpec("overlong", "int", 0, "DAPO's overlong reward shaping buffer in tokens, with any loss (0: off)",
@@ -274,8 +278,9 @@ _ASP = _opts(
            DERIVED),
     _count("buckets", "static shape buckets for graph-mode executors", 4),
     _count("stream", "samples per streamed micro-batch", 16),
-    OptionSpec("partial_rollout", "int", 0, "max times one sample is split at weight syncs (0: off)",
-               lo=0),
+    OptionSpec("partial_rollout", "int", 0, "max times one sample is split at weight syncs (0: off); on a "
+               "time-shared pool it also ends each generation phase at its tail, carrying the requests in flight "
+               "over the learner's turn (docs/simulator.md, \"Carry-over\")", lo=0),
     OptionSpec("placement", "enum", DERIVED, "written: the layout as written; auto: the compiler chooses the "
                "device split, instances and unwritten parallel degrees (docs/passes.md, \"auto-place\"); "
                "default: written", choices=("written", "auto")),

@@ -191,6 +191,8 @@ def _train_options(decl, values: OptionValues, options: dict, sink) -> dict | No
         return None
     if options["clip_high"] is None:
         options["clip_high"] = 0.28 if options["loss"] == "dapo" else options["clip"]
+    if options["mini_batches"] is None:  # one optimizer step per generation phase (plans without it are unchanged)
+        del options["mini_batches"]
     if _loss_options(values, options, sink) is None:
         return None
     return _filter_groups_options(values, options, sink)

@@ -27,24 +27,20 @@ Followed (vLLM / vllm-ascend 0.23.0 wheels):
   sleep/wake protocol for hybrid engines."""
 from __future__ import annotations
 
-import math
 
 from pathlib import Path
 
 from aspc.backends.vllm.engine import engine_options
 from aspc.backends.vllm.transfer import TRANSFER_CALLS
 from aspc.controller.kinds import JUDGE_VERDICT_TOKENS
-from aspc.costmodel.roofline import parameters
-from aspc.ir.facts import GIB, hardware_table
-from aspc.ir.memory import generation_need
+from aspc.costmodel.roofline import (engine_share, episode_model_len,
+                                     memory_share, parameters)
+from aspc.ir.facts import GIB
 from aspc.plan.execution_plan import ExecutionPlan, ModelPlan, StagePlan
 from aspc.platforms import NPU
 
 JUDGE_RUBRIC_TOKENS = 1024  # room for the rubric around the prompt and the response
 JUDGE_MEMORY = 0.9
-# vllm-ascend's non-KV memory beyond the weights: the profile run's activation peak, ACL graphs, HCCL
-# buffers, the CANN context (an estimate read from worker.py's accounting, never measured on an NPU)
-ENGINE_RUNTIME_BYTES = 4 * GIB
 # The NPU IPC buffer of a colocated refresh: vllm-ascend's DEFAULT_PACKED_BUFFER_SIZE_BYTES
 # (vllm_ascend/distributed/weight_transfer/packed_tensor.py); the send widens it to the largest tensor
 WEIGHT_BUCKET_BYTES = GIB
@@ -97,14 +93,6 @@ def engine_args(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None, sh
     return args
 
 
-def episode_model_len(model: ModelPlan, environment: dict, single_turn: int) -> int:
-    """An agentic episode's context: the prompt, its model tokens and an observation after every turn
-    but the last (each at most max_tool_tokens), within the model's context (vLLM refuses more than
-    its max_position_embeddings). The CPU generator's episodes end where this runs out."""
-    observations = (environment["max_turns"] - 1) * environment["max_tool_tokens"]
-    return min(model.arch.max_seq, single_turn + observations)
-
-
 def judge_args(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None, sharers: int) -> dict:
     """An LLM judge: greedy, a short verdict, the rubric around the prompt and response in its
     context; frozen weights loaded from its checkpoint (never refreshed)."""
@@ -128,26 +116,6 @@ def _common_args(model: ModelPlan, stage: StagePlan, base_dir: Path | None, max_
             "enable_expert_parallel": par.ep > 1, "max_num_seqs": max_num_seqs,
             "gpu_memory_utilization": memory,
             "enable_sleep_mode": stage.placement == "time_shared", "seed": 0}
-
-
-def memory_share(memory: float, sharers: int) -> float:
-    """An engine's gpu_memory_utilization when `sharers` processes start on its NPUs: its equal share,
-    rounded down, so that vllm-ascend's start-up free-memory check passes whoever starts first."""
-    return memory if sharers == 1 else math.floor(memory / sharers * 100) / 100
-
-
-def engine_need(model: ModelPlan, stage: StagePlan, max_model_len: int) -> float:
-    """Bytes one engine process needs on each of its NPUs to start: its weight shard, a KV cache for
-    one request of max_model_len (vLLM refuses less) and the runtime margin."""
-    return generation_need(model.arch, model.dtype, stage.parallel, max_model_len).total + ENGINE_RUNTIME_BYTES
-
-
-def engine_share(plan: ExecutionPlan, stage: StagePlan, model: ModelPlan, max_model_len: int, share: float) -> float:
-    """gpu_memory_utilization: the equal share among the processes on the engine's NPUs when that
-    holds what the engine needs, else the need itself rounded up to a hundredth (the engine then
-    starts alone on its NPUs and sleeps before the others start: StageLaunch.startup)."""
-    device = hardware_table()[plan.pool(stage.pool).hardware].hbm_gib * GIB
-    return max(share, math.ceil(engine_need(model, stage, max_model_len) / device * 100) / 100)
 
 
 def judge_source(stage: StagePlan):

@@ -466,6 +466,11 @@ def colocated_refusals(plan: ExecutionPlan, stage, runtime: str | None) -> list[
                                   f"runtime, not '{runtime}'",
                                   "run it with --runtime local or --runtime ray", "placement"))
     found += _engine_process_refusals(plan, stage, runtime)
+    if stage.partial_rollout:
+        found.append(StageRefusal(stage.name, f"stage '{stage.name}': partial rollout on a time-shared pool carries "
+                                  "the requests in flight over the learner's turn, but a colocated vllm-ascend engine "
+                                  "sleeps with its pool and drops their KV cache",
+                                  "remove partial_rollout from the schedule, or give generation a pool of its own"))
     train = plan.stages_of("train")[0]
     uncovered = engine_devices(stage) - engine_devices(train) if train.pool == stage.pool else engine_devices(stage)
     if uncovered:

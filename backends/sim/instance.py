@@ -8,6 +8,12 @@ Agentic episodes (docs/simulator.md, "Agentic episodes"): a sample's response is
 turns. When a turn that is not the last ends, the sequence leaves the decoding batch but keeps its
 KV slot (sticky) while its tool call runs; the driver runs the call and hands the sequence back
 (`resume`): its observation is prefilled, and its next turn decodes with the batch.
+
+KV capacity (docs/simulator.md, "KV cache and preemption"): an instance with a finite `kv_budget`
+never holds more tokens of context than that. A request whose context does not fit waits inside the
+engine; when the running sequences' next decode step would not fit, the sequence admitted last is
+preempted (its KV dropped, its tokens kept) and waits at the front, as vLLM's scheduler does under
+its default recompute preemption; re-admitted, it prefills its whole context again (booked `preempt`).
 """
 from __future__ import annotations
 
@@ -18,9 +24,20 @@ from collections import deque
 from aspc.costmodel.roofline import GenerationCost
 
 
+KV_BLOCK = 16  # tokens in one of vLLM's KV cache blocks (its default block_size)
+
+
 class GenInstance:
-    def __init__(self, index: int, cost: GenerationCost, capacity: int, static: bool, devices: int):
+    def __init__(self, index: int, cost: GenerationCost, capacity: int, static: bool, devices: int,
+                 kv_budget: float = math.inf):
         self.index, self.cost, self.capacity, self.static, self.devices = index, cost, capacity, static, devices
+        self.kv_budget, self._bounded = kv_budget, math.isfinite(kv_budget)
+        self.held: deque = deque()  # (sample, context, tokens of its turn to come, preempted) waiting for KV
+        self._finish_at: dict[tuple, int] = {}  # running sample -> the decode count its turn ends at
+        self._running: dict[tuple, None] = {}  # running samples in the order they (re)started
+        self.kv_peak = 0.0  # the most KV (tokens of context) it ever held
+        self.suspended = False  # its pool is the learner's: nothing it holds decodes (carry-over)
+        self.preemptions = 0
         # the active sequences by the decode count at which their turn ends: thousands share a
         # few hundred counts, so a heap of the counts is much smaller than one of the sequences
         self.active = 0
@@ -51,12 +68,22 @@ class GenInstance:
 
     @property
     def live(self) -> bool:
-        """Sequences in the batch or on a tool call."""
-        return bool(self.active or self.waiting)
+        """Sequences in the batch, on a tool call or waiting for KV."""
+        return bool(self.active or self.waiting or self.held)
 
-    def _first_finish(self) -> int:
-        """The decode count at which the next active sequence's turn ends."""
-        return self._counts[0]
+    def kv_used(self) -> float:
+        """Tokens of context in the KV cache: the batch's and the sequences' on a tool call."""
+        return self.context + (sum(self.waiting.values()) if self.waiting else 0)
+
+    def _limit(self) -> int:
+        """Decode steps before the next turn ends or (a finite KV budget) before the next step would
+        not fit: each step adds a token to every sequence of the batch."""
+        limit = self._counts[0] - self.count
+        if self._bounded and self.active > 1:  # a lone sequence always runs (_make_room)
+            room = int((self.kv_budget - self.kv_used()) // (self.active + self.ghosts))
+            if room < limit:
+                return max(room, 0)
+        return limit
 
     def steps_time(self, k: int) -> float:
         return self._steps_time(k, self.cost.beta(self._computed()), self.batch)
@@ -93,7 +120,7 @@ class GenInstance:
         start = self.clock if self.clock >= self.busy_until else self.busy_until
         if now <= start:
             return
-        limit = self._counts[0] - self.count  # _first_finish
+        limit = self._limit()
         b = active + self.ghosts  # batch
         if self._planned == (now, self.generation, self.count, start):
             k, end = limit, now  # the next finish, as next_event timed it from this very state
@@ -109,6 +136,8 @@ class GenInstance:
         self.count += k
         self.context += k * b
         self.clock = end
+        if self._bounded and self.context > self.kv_peak:
+            self.kv_peak = self.kv_used()
 
     def _decode_segment(self, start: float, end: float, k: int) -> None:
         """Book k decode steps from `start` to `end` (before the clock moves): the static batch's
@@ -137,12 +166,12 @@ class GenInstance:
         return k * active * saturated + self.cost.alpha * (k * context + active * k * (k - 1) / 2)
 
     def next_event(self) -> float | None:
-        if not self.active:
+        if not self.active or self.suspended:
             return None
         start = max(self.clock, self.busy_until)
         b = self.active + self.ghosts  # steps_time, inlined: asked at every event of the instance
         beta = self.cost.beta(self.active if self._skips_finished else b)
-        when = start + self._steps_time(self._counts[0] - self.count, beta, b)
+        when = start + self._steps_time(self._limit(), beta, b)
         self._planned = (when, self.generation, self.count, start)
         return when
 
@@ -150,9 +179,16 @@ class GenInstance:
         """Samples whose last turn ended; turns that end in a tool call go to `calls`."""
         self.advance(now)
         done = []
+        finish_at, running = self._finish_at, self._running
         while self._counts and self._counts[0] <= self.count:
-            ended = sorted(self._ending.pop(heapq.heappop(self._counts)))  # in sample order, as a heap pops them
+            ended = self._ending.pop(heapq.heappop(self._counts), None)
+            if ended is None:  # every sequence that was to end there was preempted
+                continue
+            ended.sort()  # in sample order, as a heap pops them
             self.active -= len(ended)
+            for sample in ended:
+                del finish_at[sample]
+                del running[sample]
             if not self._observations:  # no episode holds a tool call to come (and so no turns): all done
                 done += ended
                 continue
@@ -168,8 +204,66 @@ class GenInstance:
             self._end_static_batch()
         else:
             self.context -= sum([self._lengths.pop(s) for s in done])
+        if self._bounded:
+            before = self.preemptions
+            self._make_room()
+            if done and self.preemptions == before:  # finished sequences freed KV
+                self._admit_held()
         self.generation += 1
         return done
+
+    # -- KV capacity: preemption and re-admission (vLLM's recompute preemption) --
+    def _make_room(self) -> None:
+        """While the batch's next decode step does not fit, preempt the sequence that started last
+        (a lone sequence always runs: the checker refuses a context longer than the KV cache)."""
+        while self.active > 1 and self.kv_used() + self.active > self.kv_budget:
+            self._preempt(next(reversed(self._running)))
+
+    def _preempt(self, sample: tuple) -> None:
+        finish = self._finish_at.pop(sample)
+        del self._running[sample]
+        members = self._ending[finish]
+        members.remove(sample)
+        if not members:
+            del self._ending[finish]
+            while self._counts and self._counts[0] not in self._ending:
+                heapq.heappop(self._counts)
+        to_come = finish - self.count
+        context = self._lengths.pop(sample) - to_come
+        self.context -= context
+        self.active -= 1
+        self.held.appendleft((sample, context, to_come, True))
+        self.preemptions += 1
+        self.generation += 1
+
+    def _admit_held(self) -> None:
+        """Start the waiting sequences that fit, in order (preempted ones first): one prefill stall,
+        fresh prompts useful, preempted contexts computed again `preempt`. A sequence fits when its
+        context and a KV block of room for each running sequence do (vLLM allocates KV in blocks of
+        KV_BLOCK tokens, so a running sequence holds half a block of room on average; without that
+        room a sequence re-admitted at once was preempted again at the next step, without end)."""
+        if not self.held:
+            return
+        used, fresh, again = self.kv_used(), [], []
+        while self.held:
+            sample, context, turn, preempted = self.held[0]
+            running = self.active + len(fresh) + len(again)
+            if running and used + context + (running + 1) * KV_BLOCK > self.kv_budget:
+                break
+            self.held.popleft()
+            used += context
+            (again if preempted else fresh).append((sample, context, turn))
+        if not fresh and not again:
+            return
+        start = max(self.clock, self.busy_until)
+        for entries, category in ((fresh, "useful"), (again, "preempt")):
+            if entries:
+                tokens = sum(e[1] for e in entries)
+                end = start + self.cost.prefill(tokens, len(entries), sum(e[1] * e[1] for e in entries))
+                self.segments.append((start, end, category))
+                start = end
+        self.busy_until = start
+        self._push_all(fresh + again)
 
     def _end_static_batch(self) -> None:
         if not self.live:  # the static batch ends with its longest member
@@ -184,6 +278,11 @@ class GenInstance:
         if self._held_since is None:
             self._held_since = self.clock
 
+    def contexts(self) -> list[int]:
+        """The context of every sequence whose KV the instance holds (the batch's, on a tool call)."""
+        count, lengths, finish_at = self.count, self._lengths, self._finish_at
+        return [lengths[s] - (finish_at[s] - count) for s in self._running] + list(self.waiting.values())
+
     def pop_calls(self) -> list[tuple]:
         calls, self.calls = self.calls, []
         return calls
@@ -193,18 +292,21 @@ class GenInstance:
         self._catch_up(now)
         start = max(self.clock, self.busy_until)
         observation = self._observations[sample].popleft()
-        self.busy_until = start + self.cost.prefill(observation, 1)
+        before = self.waiting.pop(sample)
+        context = before + observation
+        self.busy_until = start + self.cost.prefill(observation, 1, context * context - before * before)
         self.segments.append((start, self.busy_until, "useful"))
-        context = self.waiting.pop(sample) + observation
         self._release_hold(now)
         self._push(sample, context, self._turns[sample].popleft())
+        if self._bounded:
+            self._make_room()
 
     def reads_inbox_at(self, now: float) -> float:
         """When an engine working at `now` next takes a message: at the end of the decode step or
         the stall (a prefill, a weight load) under way, or at once when idle."""
         self.advance(now)
         start = max(self.clock, self.busy_until)
-        if self.active and now > start and self._first_finish() > self.count:
+        if self.active and now > start and self._limit() > 0:
             return start + self.steps_time(1)
         return max(now, start)
 
@@ -215,6 +317,8 @@ class GenInstance:
         context = self.waiting.pop(sample)
         self._release_hold(now)
         self.generation += 1
+        if self._bounded:
+            self._admit_held()
         return context, self._turns.pop(sample), self._observations.pop(sample)
 
     def adopt(self, now: float, sample: tuple, context: int, turns: deque, observations: deque) -> None:
@@ -222,11 +326,13 @@ class GenInstance:
         self._catch_up(now)
         start = max(self.clock, self.busy_until)
         observation = observations.popleft()
-        self.busy_until = start + self.cost.prefill(context + observation, 1)
+        self.busy_until = start + self.cost.prefill(context + observation, 1, (context + observation) ** 2)
         self.segments.append((start, self.busy_until, "useful"))
         if observations:
             self._turns[sample], self._observations[sample] = turns, observations
         self._push(sample, context + observation, turns.popleft())
+        if self._bounded:
+            self._make_room()
 
     def end_on_tool(self, now: float, sample: tuple) -> None:
         """The sample's episode ended on its tool call (a timeout): its slot is free, nothing decodes."""
@@ -239,6 +345,8 @@ class GenInstance:
             self.ghosts += 1
             self.context += context
             self._end_static_batch()
+        elif self._bounded:
+            self._admit_held()
         self.generation += 1
 
     def _release_hold(self, now: float) -> None:
@@ -257,6 +365,7 @@ class GenInstance:
         """(sample, its context, the tokens of its turn) join the decoding batch (thousands at a
         batch's start: the instance's fields read once)."""
         ending, counts, lengths, count, added = self._ending, self._counts, self._lengths, self.count, 0
+        finish_at, running = self._finish_at, self._running
         for sample, context, turn in entries:
             finish = count + turn
             members = ending.get(finish)
@@ -266,16 +375,20 @@ class GenInstance:
             else:
                 members.append(sample)
             lengths[sample] = context + turn
+            finish_at[sample] = finish
+            running[sample] = None
             added += context
         self.active += len(entries)
         self.context += added  # whole token counts: the same sum in any order
         self.generation += 1
+        if self._bounded and self.kv_used() > self.kv_peak:
+            self.kv_peak = self.kv_used()
 
     def _finish_step_in_progress(self, now: float) -> None:
         """A decode step under way when new work arrives completes first (an engine admits new
         requests and loads weights between steps, never inside one)."""
         start = max(self.clock, self.busy_until)
-        if self.active and now > start and self._first_finish() > self.count:
+        if self.active and now > start and self._limit() > 0:
             end = start + self.steps_time(1)
             self._decode_segment(start, end, 1)
             self.count += 1
@@ -294,19 +407,40 @@ class GenInstance:
         a tool call follows each turn that has an observation (one more call than turns: the
         episode ends on that call, `end_on_tool`)."""
         self._catch_up(now)
-        start = max(self.clock, self.busy_until)
-        prompt_tokens = sum(r.prompt_len for r in requests)
-        self.busy_until = start + self.cost.prefill(prompt_tokens, len(requests))
-        self.segments.append((start, self.busy_until, "useful"))
         if episode is None:  # one turn each: _push's work, read once for the whole batch
-            self._push_all([(r.sample, r.prompt_len, response_len(r.sample)) for r in requests])
+            entries = [(r.sample, r.prompt_len, response_len(r.sample)) for r in requests]
+        else:
+            entries = []
+            for r in requests:
+                turns, observations = episode(r.sample)
+                if observations:
+                    self._turns[r.sample] = deque(turns[1:])
+                    self._observations[r.sample] = deque(observations)
+                entries.append((r.sample, r.prompt_len, turns[0]))
+        if self._bounded:  # they wait for KV behind the sequences already waiting
+            self.held.extend((sample, context, turn, False) for sample, context, turn in entries)
+            self._admit_held()
             return
-        for r in requests:
-            turns, observations = episode(r.sample)
-            if observations:
-                self._turns[r.sample] = deque(turns[1:])
-                self._observations[r.sample] = deque(observations)
-            self._push(r.sample, r.prompt_len, turns[0])
+        start = max(self.clock, self.busy_until)
+        prompts = [r.prompt_len for r in requests]
+        self.busy_until = start + self.cost.prefill(sum(prompts), len(requests), sum(p * p for p in prompts))
+        self.segments.append((start, self.busy_until, "useful"))
+        self._push_all(entries)
+
+    def suspend(self, now: float) -> None:
+        """Its devices go to the learner (a time-shared pool): the sequences in flight stop where
+        they are and their KV cache is dropped with the engine's memory; the interrupting weight
+        sync after `wake` computes it again (load_weights)."""
+        self.advance(now)
+        self.clock = max(self.clock, now)
+        self.busy_until = math.inf
+        self.suspended = True
+        self.generation += 1
+
+    def wake(self, now: float) -> None:
+        """The pool is back: the instance works again from `now`."""
+        self.busy_until = self.clock = max(self.clock, now)
+        self.suspended = False
         self.generation += 1
 
     def accepts_more(self) -> bool:
@@ -320,7 +454,8 @@ class GenInstance:
         start = max(now, self.busy_until, self.clock)
         end = start + seconds
         if interrupt and self.live:  # sequences on a tool call re-prefill their KV too
-            end += self.cost.prefill(int(self.context + sum(self.waiting.values())))
+            contexts = self.contexts()
+            end += self.cost.prefill(int(sum(contexts)), len(contexts), sum(c * c for c in contexts))
         self.busy_until = end
         self.segments.append((start, end, "sync"))
         self.generation += 1

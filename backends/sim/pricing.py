@@ -17,7 +17,7 @@ from aspc.costmodel.calibrated import Calibration, CalibratedGeneration, Calibra
 from aspc.costmodel.cores import CoreShare
 from aspc.costmodel.learner import WorkCost, packed_ranks, work_cost
 from aspc.costmodel.roofline import (GenerationCost, LearnerCost, broadcast_load_seconds, colocated_load_seconds,
-                                     dtype_bytes, hardware_of, offload_seconds, publish_seconds)
+                                     dtype_bytes, engine_memory, hardware_of, offload_seconds, publish_seconds)
 from aspc.costmodel.workload import Environment, draw_episode, step_lengths
 from aspc.plan.execution_plan import ExecutionPlan, Instance, MicroBatching, StagePlan
 
@@ -71,10 +71,14 @@ class RooflinePricing:
             cost = CalibratedGeneration(self.calibration, share=self.cores)
             capacity = default_slots(self.data.samples_per_step, len(stage.instances), self.data.group,
                                      max_num_seqs, stage.parallel.dp)
-        else:
-            cost = self._generation_cost(stage)
-            capacity = cost.capacity(self.mean_tokens, options.get("gpu_memory_utilization"), max_num_seqs)
-        return GenInstance(instance.index, cost, capacity, static, instance.device_count)
+            return GenInstance(instance.index, cost, capacity, static, instance.device_count)
+        cost, memory = self._generation_cost(stage), engine_memory(self.plan, stage)
+        if static:  # a static batch holds every member to its end: room for the longest each
+            longest = self.data.max_prompt + self.data.max_response
+            return GenInstance(instance.index, cost, cost.capacity(longest, memory, max_num_seqs), True,
+                               instance.device_count)
+        capacity = cost.capacity(self.mean_tokens, memory, max_num_seqs)
+        return GenInstance(instance.index, cost, capacity, False, instance.device_count, cost.kv_tokens(memory))
 
     def _generation_cost(self, stage: StagePlan) -> GenerationCost:
         if stage.name not in self._generation_costs:

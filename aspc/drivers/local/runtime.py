@@ -18,8 +18,8 @@ from aspc.accounting.measured import bubble_shares
 from aspc.controller import Controller, ControllerConfig
 from aspc.controller.health import ConstantReward, ToolHealth
 from aspc.controller.events import (Action, Checkpoint, Dispatch, Finished, InstanceIdle, MoveInstance, OptimizerStep,
-                                    PublishWeights, RestartInstance, ResumeEpisode, RunTool, RunWork, Start,
-                                    SwitchPool, SyncWeights, WeightsLoaded, WeightsPublished, WorkFinished)
+                                    PoolSwitched, PublishWeights, RestartInstance, ResumeEpisode, RunTool, RunWork,
+                                    Start, SwitchPool, SyncWeights, WeightsLoaded, WeightsPublished, WorkFinished)
 from aspc.plan.execution_plan import ExecutionPlan
 from aspc.drivers.local.metrics_file import MetricsFile, interrupts_held
 from aspc.drivers.local.memory import release_free_memory
@@ -454,6 +454,9 @@ class LocalRuntime:
             self.published.loaded(event.instance, event.version)
         for action in self.controller.handle(event):
             self._act(action)
+        if isinstance(event, PoolSwitched) and event.mode == "gen":  # after the syncs the switch set off
+            for worker in self.gen_workers:
+                worker.inbox.put(("wake", None))
 
     def _act(self, action: Action) -> None:
         match action:
@@ -473,6 +476,9 @@ class LocalRuntime:
             case PublishWeights():
                 self.learner_worker.inbox.put(("publish", action.version))
             case SwitchPool():
+                if action.mode == "learn":  # what generation still runs there waits (carry-over)
+                    for worker in self.gen_workers:
+                        worker.inbox.put(("suspend", None))
                 self._switcher().inbox.put(("switch", (action.pool, action.mode)))
             case MoveInstance():
                 self.learner_worker.inbox.put(("move", (action.instance, action.role)))

@@ -70,17 +70,20 @@ class GenerationWorker(Worker):
         self.index, self.generator, self.weights, self.results, self.lock = index, generator, weights, results, lock
         self.calls = calls if calls is not None else {}
         self.lost: str | None = None  # why its process died (InstanceLost's message), for the run's error
+        # its pool is the learner's (a time-shared pool's carry-over): what is in flight waits, no decode step
+        self.suspended = False
 
     def loop(self) -> None:
         while not self.stopping.is_set():
-            try:  # busy: take what came in between two decode steps; idle: wait for work
-                message = self.inbox.get_nowait() if self.generator.busy else self._wait()
+            decoding = self.generator.busy and not self.suspended
+            try:  # decoding: take what came in between two decode steps; otherwise wait for a message
+                message = self.inbox.get_nowait() if decoding else self._wait()
             except queue.Empty:
                 message = None
             if message is not None:
                 self.handle(message)
                 continue
-            if self.generator.busy:
+            if decoding:
                 start = self.clock()
                 try:
                     finished = self.generator.step()
@@ -144,6 +147,10 @@ class GenerationWorker(Worker):
                 return
             self.span(start, "sync", f"load v{payload}")
             self.events.put(WeightsLoaded(self.index, payload))
+        elif kind == "suspend":  # the time-shared pool goes to the learner with requests in flight
+            self.suspended = True
+        elif kind == "wake":  # the pool is back (the weight sync that carries them on is ahead in the inbox)
+            self.suspended = False
         elif kind == "stop":
             self.stopping.set()
 

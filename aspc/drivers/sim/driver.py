@@ -381,6 +381,9 @@ class Simulation:
 
     # ---- the time-shared pool ----
     def _switch(self, a: SwitchPool) -> None:
+        if a.mode == "learn":  # what generation still runs there pauses (carry-over) after the step under way
+            for inst in self.instances:
+                self.at(inst.reads_inbox_at(self.now), "suspend", inst.index)
         self.modes[a.pool].append((self.now, "switching"))
         seconds = self.pricing.switch(max(ex.devices for ex in self.executors if ex.spec.time_shared))
         self.switch_spans.append((self.now, self.now + seconds, a.pool))
@@ -405,8 +408,17 @@ class Simulation:
         ex.lent -= self.instances[instance].devices
         self.lent_spans[instance][-1][1] = self.now
 
+    def _at_suspend(self, index: int) -> None:
+        """The instance reads the switch between two decode steps: what that step finished first."""
+        inst = self.instances[index]
+        self._at_instance(index, inst.generation)
+        inst.suspend(self.now)
+
     def _at_switched(self, pool: str, mode: str) -> None:
         self.modes[pool].append((self.now, mode))
+        if mode == "gen":
+            for inst in self.instances:
+                inst.wake(self.now)
         self.feed(PoolSwitched(pool, mode))
 
 

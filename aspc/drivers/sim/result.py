@@ -29,6 +29,8 @@ class SimResult:
     filtered_tokens: float = 0.0  # dynamic sampling: share of generated tokens never trained
     padded_groups: int = 0  # dynamic sampling: all-equal groups trained because a step hit its bound
     moves: tuple = ()  # runtime rebalancing: (when, generation instance, "learn" | "gen") as carried out
+    # per generation instance: (the most tokens of context its KV cache held, its KV budget, preemptions)
+    kv: tuple[tuple[float, float, int], ...] = ()
 
     @functools.cached_property
     def spans(self) -> list:
@@ -91,6 +93,7 @@ def collect(sim: Simulation) -> SimResult:
                        dict(sorted(sim.controller.staleness.items())), sim.ledger, pools,
                        sim.tool_calls, dict(sorted(sim.endings.items())), *_dynamic_sampling(sim, used))
     result.moves = tuple(sim.moves)
+    result.kv = tuple((inst.kv_peak, inst.kv_budget, inst.preemptions) for inst in sim.instances)
     return result
 
 
