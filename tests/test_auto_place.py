@@ -129,6 +129,19 @@ def test_compare_best_layout_simulates_each_schedule_at_its_best_layout(tmp_path
     assert cli("simulate", str(path), "--best-layout").exit_code == 2  # needs --compare
 
 
+def test_best_layout_gives_sync_its_fastest_mini_batching_at_its_layout(tmp_path):
+    """The sync plan --compare --best-layout hands on has mini_batches written: the fastest of 1 and 2
+    (asp's staleness 1 + 1) at its layout."""
+    from aspc.cli.mini_batching import with_mini_batches
+    from aspc.cli.tune import best_layout_plans
+
+    path = write(tmp_path, SMALL.replace("placement = auto, ", ""))
+    sync = best_layout_plans(str(path), [], ["sync"], confirm=2, steps=3)[0]
+    chosen = dict(sync.stages_of("train")[0].options)["mini_batches"]
+    tps = {m: simulate(with_mini_batches(sync, m), 3, simulator_pricing(sync)).e2e_tps for m in (1, 2)}
+    assert tps[chosen] == max(tps.values())
+
+
 def test_a_program_outside_the_search_space_is_refused_at_check(tmp_path):
     text = SMALL.replace('stage score', 'stage gen2   = generate(actor, prompts) on rollout { tp = 2 }\nstage score')
     result = cli("check", str(write(tmp_path, text)))

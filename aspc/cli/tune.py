@@ -28,7 +28,7 @@ from aspc.ir.layout import Knobs
 from aspc.passes.layout_search import Ranked, search, written_ranked
 from aspc.passes.base import PassError
 from aspc.passes.knob_space import knob_space
-from aspc.passes.schedules import SCHEDULES
+from aspc.passes.schedules import SCHEDULES, schedule_for
 from aspc.cli.toolchain import run_schedule
 
 TUNED_SOURCE = "<tuned>"
@@ -227,15 +227,50 @@ def _staleness_values(compilation: Compilation, kind: str, bound: int | None) ->
 
 
 def best_layout_plans(file, overrides, schedules: list[str], confirm: int, steps: int) -> list:
-    """`simulate --compare --best-layout`: each schedule's plan at its own best layout."""
+    """`simulate --compare --best-layout`: each schedule's plan at its own best layout; sync's at its
+    best layout and mini-batching together (each confirmed layout with each mini-batching)."""
     compilation = _compile(file, overrides)
     plans = []
     for kind in schedules:
         tuning = _tune(file, compilation, kind, confirm, steps)
+        if kind == "sync":
+            plans.append(_best_mini_batched(file, compilation, tuning, steps))
+            continue
         click.echo(f"{kind}: best layout {tuning.best.ranked.describe()}", err=True)
         compiled = run_schedule(compile_source(tuning.best.text, TUNED_SOURCE, None, Path(file).parent), kind)
         plans.append(compiled.plan())
     return plans
+
+
+def _best_mini_batched(file, compilation: Compilation, tuning: Tuning, steps: int):
+    """Sync's plan at the best pair of a confirmed layout and a mini-batching from 1 to asp's
+    staleness + 1 (aspc/cli/mini_batching.py), each simulated for `steps`; its train stage's
+    mini_batches written, so that --compare keeps it."""
+    from aspc.cli.backends import simulator_pricing
+    from aspc.cli.mini_batching import with_mini_batches, written
+    from aspc.drivers.sim.result import simulate
+
+    best = None
+    for tried in tuning.tried:
+        plan = run_schedule(compile_source(tried.text, TUNED_SOURCE, None, Path(file).parent), "sync").plan()
+        choices = [0] if written(plan) else range(1, _asp_staleness(compilation) + 2)
+        for m in choices:
+            candidate = plan if m == 0 else with_mini_batches(plan, m)
+            tps = tried.simulated_tps if m == 1 and tried.simulated_tps is not None else \
+                simulate(candidate, steps, simulator_pricing(candidate)).e2e_tps
+            if best is None or tps > best[0]:
+                best = (tps, tried, candidate, m)
+    assert best is not None, "no confirmed sync layout"
+    _, tried, plan, m = best
+    mini = f" with mini_batches = {m}" if m else ""
+    click.echo(f"sync: best layout {tried.ranked.describe()}{mini}", err=True)
+    return plan
+
+
+def _asp_staleness(compilation: Compilation) -> int:
+    """The staleness asp runs (or may choose, up to its bound): sync's mini-batches stay within it."""
+    o = schedule_for(compilation.graph, "asp").option
+    return o("max_staleness") if o("max_staleness") is not None else (o("staleness") or 0)
 
 
 def _tune(file, compilation: Compilation, kind: str, confirm: int, steps: int,

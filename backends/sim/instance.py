@@ -136,8 +136,8 @@ class GenInstance:
         self.count += k
         self.context += k * b
         self.clock = end
-        if self._bounded and self.context > self.kv_peak:
-            self.kv_peak = self.kv_used()
+        if self._bounded:
+            self.kv_peak = max(self.kv_peak, self.kv_used())
 
     def _decode_segment(self, start: float, end: float, k: int) -> None:
         """Book k decode steps from `start` to `end` (before the clock moves): the static batch's
@@ -214,8 +214,9 @@ class GenInstance:
 
     # -- KV capacity: preemption and re-admission (vLLM's recompute preemption) --
     def _make_room(self) -> None:
-        """While the batch's next decode step does not fit, preempt the sequence that started last
-        (a lone sequence always runs: the checker refuses a context longer than the KV cache)."""
+        """While the batch's next decode step does not fit, preempt the sequence that started last.
+        A lone sequence always runs (the launch gives an engine at least one max_model_len of KV,
+        aspc/costmodel/roofline.py `engine_share`)."""
         while self.active > 1 and self.kv_used() + self.active > self.kv_budget:
             self._preempt(next(reversed(self._running)))
 
@@ -381,8 +382,8 @@ class GenInstance:
         self.active += len(entries)
         self.context += added  # whole token counts: the same sum in any order
         self.generation += 1
-        if self._bounded and self.kv_used() > self.kv_peak:
-            self.kv_peak = self.kv_used()
+        if self._bounded:
+            self.kv_peak = max(self.kv_peak, self.kv_used())
 
     def _finish_step_in_progress(self, now: float) -> None:
         """A decode step under way when new work arrives completes first (an engine admits new
