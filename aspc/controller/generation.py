@@ -64,7 +64,7 @@ class Generation:
         self.finished_count = 0
         self.finished_turns = 0
         self.released_steps = start_version
-        self.open: dict[int, int] = {}  # step -> its released samples not finished (queued or in flight)
+        self.open: dict[int, int] = {}  # step -> its released samples not finished (queued or in flight), if any
         self.trained = start_version  # optimizer steps done: the next step to train is this one
         self.routed = 0
         self.paused = False  # the time-shared pool belongs to the learner (or is changing hands)
@@ -115,7 +115,7 @@ class Generation:
             for index in reversed(range(len(inst.queue))):
                 if inst.queue[index][0][0][0] == step:
                     unit = inst.remove(index)
-                    self.open[step] -= len(unit)
+                    self._close(step, len(unit))
                     dropped |= {r[0][1] for r in unit}
         return sorted(dropped - {s[1] for s in self.start_version if s[0] == step})
 
@@ -226,7 +226,9 @@ class Generation:
             if where.get(sample) != instance:
                 continue
             del where[sample]
-            open_samples[sample[0]] -= 1
+            left = open_samples[sample[0]] = open_samples[sample[0]] - 1
+            if not left:
+                del open_samples[sample[0]]
             work -= inflight.pop(sample)
             history.setdefault(sample[:2], []).append(length)
             lengths_sum += length
@@ -239,7 +241,12 @@ class Generation:
 
     def complete_through(self, step: int) -> bool:
         """Every released sample of the steps up to `step` has finished (and `step` was released)."""
-        return self.released_steps > step and not any(n for s, n in self.open.items() if s <= step)
+        return self.released_steps > step and not any(s <= step for s in self.open)
+
+    def _close(self, step: int, samples: int) -> None:
+        left = self.open[step] = self.open[step] - samples
+        if not left:
+            del self.open[step]
 
     # -- agentic episodes --
     def remaining(self, turns: int, generated: int) -> float:
