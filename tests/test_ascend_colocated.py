@@ -270,6 +270,15 @@ def test_a_refresh_that_does_not_fit_beside_the_engines_weights_is_refused_with_
     assert "a colocated refresh needs" in memory.message and "64 GiB" in memory.message
 
 
+def test_partial_rollout_on_a_time_shared_pool_is_refused_on_the_npu_path():
+    """Carry-over pauses requests in flight over the learner's turn (docs/simulator.md): a sleeping
+    vllm-ascend engine would drop their KV cache, so the NPU path refuses it at the generate stage."""
+    plan = compile_with_passes(ROOT / "pipelines" / "r1_zero_671b.aspl", ["schedule.partial_rollout=1"]).plan()
+    [refused] = AscendExecutors.unsupported(plan, "ray")
+    assert (refused.stage, refused.option) == ("gen", None) and "partial rollout" in refused.message
+    assert "give generation a pool of its own" in refused.hint
+
+
 def test_the_tiny_layout_refusal_names_the_npu_without_a_trainer_rank():
     """tiny_grpo trains on one device while its second engine sits on device 1: no trainer rank
     there to share the weights (vllm-ascend's NPU IPC handles are per chip)."""
