@@ -256,8 +256,8 @@ def _best_mini_batched(file, compilation: Compilation, tuning: Tuning, steps: in
         choices = [0] if written(plan) else range(1, _asp_staleness(compilation) + 2)
         for m in choices:
             candidate = plan if m == 0 else with_mini_batches(plan, m)
-            tps = tried.simulated_tps if m == 1 and tried.simulated_tps is not None else \
-                simulate(candidate, steps, simulator_pricing(candidate)).e2e_tps
+            confirmed = m in (0, 1) and tried.simulated_tps is not None  # as written, or at 1: simulated already
+            tps = tried.simulated_tps if confirmed else simulate(candidate, steps, simulator_pricing(candidate)).e2e_tps
             if best is None or tps > best[0]:
                 best = (tps, tried, candidate, m)
     assert best is not None, "no confirmed sync layout"

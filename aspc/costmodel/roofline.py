@@ -130,26 +130,26 @@ class GenerationCost:
         """Concurrent sequences: the KV room of the `memory` share of each device (the stage's
         gpu_memory_utilization; default [efficiency] memory) after the weight shard, capped by
         `max_num_seqs` per data-parallel rank as vLLM counts it (default [generation])."""
-        g = parameters()["generation"]
-        usable_bytes = self.hw.hbm_gib * GIB * (memory or parameters()["efficiency"]["memory"])
-        weights = (self.arch.dense_params() / self.par.tp + self.arch.expert_params() / self.par.ep) \
-            * self.dtype_bytes / self.par.pp
-        room = usable_bytes * (1 - g["activation_reserve"]) - weights
+        room = self._kv_room_bytes(memory)
         per_seq = tokens_per_sequence * self.arch.kv_bytes_per_token(self.dtype_bytes) * self.alpha_split()
         by_memory = int(room / per_seq) * self.par.dp if room > 0 else 1
-        return max(1, min(by_memory, (max_num_seqs or g["max_num_seqs_per_rank"]) * self.par.dp))
+        max_num_seqs = max_num_seqs or parameters()["generation"]["max_num_seqs_per_rank"]
+        return max(1, min(by_memory, max_num_seqs * self.par.dp))
 
     def kv_tokens(self, memory: float | None = None) -> float:
         """Tokens of context the instance's KV cache holds, all sequences together (each data-parallel
         rank its share): the KV room `capacity` divides among sequences of the mean length. The
         simulator never lets an instance hold more (it preempts, as vLLM's scheduler does)."""
-        g = parameters()["generation"]
+        per_token = self.arch.kv_bytes_per_token(self.dtype_bytes) * self.alpha_split()
+        return max(self._kv_room_bytes(memory), 0.0) / per_token * self.par.dp
+
+    def _kv_room_bytes(self, memory: float | None) -> float:
+        """Bytes of each device left for the KV cache: the `memory` share (default [efficiency]
+        memory) less the activation reserve and the weight shard; negative when the shard does not fit."""
         usable_bytes = self.hw.hbm_gib * GIB * (memory or parameters()["efficiency"]["memory"])
         weights = (self.arch.dense_params() / self.par.tp + self.arch.expert_params() / self.par.ep) \
             * self.dtype_bytes / self.par.pp
-        room = usable_bytes * (1 - g["activation_reserve"]) - weights
-        per_token = self.arch.kv_bytes_per_token(self.dtype_bytes) * self.alpha_split()
-        return max(room, 0.0) / per_token * self.par.dp
+        return usable_bytes * (1 - parameters()["generation"]["activation_reserve"]) - weights
 
     def alpha_split(self) -> float:
         split = 1 if self.arch.attention == "mla" else min(self.par.tp, self.arch.kv_heads)
@@ -366,19 +366,26 @@ def _source_funcs(stage: StagePlan):
     return [s.func for s in dict(stage.options).get("sources", ())] if stage.kind == "reward" else []
 
 
-def engine_memory(plan: ExecutionPlan, stage: StagePlan) -> float:
-    """The share of each device a generate stage's engine takes, as the Ascend launch gives it
-    (aspc/backends/ascend/engine_args.py): its gpu_memory_utilization (default [efficiency] memory,
-    vLLM's 0.9) divided among the processes that start on its NPUs, or what it needs to start when
-    that is more (weights, one max_model_len of KV, the runtime margin)."""
-    options = dict(stage.options)
-    memory = options.get("gpu_memory_utilization") or parameters()["efficiency"]["memory"]
-    model = plan.model(stage.model)
-    max_model_len = plan.dataset(stage.data).max_prompt + options["max_tokens"]
+def engine_memory(plan: ExecutionPlan, stage: StagePlan, sharers: int | None = None) -> float:
+    """The share of each device a generate stage's engine takes, the one the Ascend launch gives it
+    (aspc/backends/ascend/engine_args.py) and the simulator prices: its gpu_memory_utilization
+    (default [efficiency] memory, vLLM's 0.9) divided among the `sharers` processes that start on its
+    NPUs (default: `engine_sharers`), or what it needs to start when that is more (weights, one
+    max_model_len of KV, the runtime margin)."""
+    memory = dict(stage.options).get("gpu_memory_utilization") or parameters()["efficiency"]["memory"]
+    sharers = engine_sharers(plan, stage) if sharers is None else sharers
+    return engine_share(plan, stage, plan.model(stage.model), engine_model_len(plan, stage),
+                        memory_share(memory, sharers))
+
+
+def engine_model_len(plan: ExecutionPlan, stage: StagePlan) -> int:
+    """vLLM's max_model_len of a generate stage's engine: the longest prompt and its max_tokens, or
+    an agentic episode's whole context (`episode_model_len`)."""
+    max_model_len = plan.dataset(stage.data).max_prompt + dict(stage.options)["max_tokens"]
     environments = plan.stages_of("environment")
     if environments:
-        max_model_len = episode_model_len(model, dict(environments[0].options), max_model_len)
-    return engine_share(plan, stage, model, max_model_len, memory_share(memory, engine_sharers(plan, stage)))
+        return episode_model_len(plan.model(stage.model), dict(environments[0].options), max_model_len)
+    return max_model_len
 
 
 # vllm-ascend's non-KV memory beyond the weights: the profile run's activation peak, ACL graphs, HCCL
@@ -406,8 +413,6 @@ def episode_model_len(model: ModelPlan, environment: dict, single_turn: int) -> 
     its max_position_embeddings). The CPU generator's episodes end where this runs out."""
     observations = (environment["max_turns"] - 1) * environment["max_tool_tokens"]
     return min(model.arch.max_seq, single_turn + observations)
-
-
 
 
 def usable_hbm(hw: Hardware) -> float:

@@ -27,14 +27,12 @@ Followed (vLLM / vllm-ascend 0.23.0 wheels):
   sleep/wake protocol for hybrid engines."""
 from __future__ import annotations
 
-
 from pathlib import Path
 
 from aspc.backends.vllm.engine import engine_options
 from aspc.backends.vllm.transfer import TRANSFER_CALLS
 from aspc.controller.kinds import JUDGE_VERDICT_TOKENS
-from aspc.costmodel.roofline import (engine_share, episode_model_len,
-                                     memory_share, parameters)
+from aspc.costmodel.roofline import engine_memory, engine_model_len, engine_share, memory_share, parameters
 from aspc.ir.facts import GIB
 from aspc.plan.execution_plan import ExecutionPlan, ModelPlan, StagePlan
 from aspc.platforms import NPU
@@ -73,12 +71,10 @@ def engine_args(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None, sh
     most processes that share one of its NPUs (time-shared pools); the engine asks for its share."""
     model = plan.model(stage.model)
     options = dict(stage.options)
-    max_num_seqs, memory = engine_limits(options)
-    max_model_len = plan.dataset(stage.data).max_prompt + options["max_tokens"]
+    max_num_seqs = engine_max_num_seqs(options)
+    max_model_len = engine_model_len(plan, stage)
     environments = plan.stages_of("environment")
-    if environments:
-        max_model_len = episode_model_len(model, dict(environments[0].options), max_model_len)
-    share = engine_share(plan, stage, model, max_model_len, memory_share(memory, sharers))
+    share = engine_memory(plan, stage, sharers)  # the share the simulator prices
     args = _common_args(model, stage, base_dir, max_num_seqs, share)
     args["max_model_len"] = max_model_len
     args |= engine_options(max_model_len)  # processed log-probs, whole-prompt prefills (aspc/backends/vllm)
@@ -122,13 +118,11 @@ def judge_source(stage: StagePlan):
     return next(s for s in dict(stage.options)["sources"] if s.func == "judge")
 
 
-def engine_limits(options: dict) -> tuple[int, float]:
-    """vLLM's max_num_seqs (per data-parallel rank, as the stage's option counts it) and
-    gpu_memory_utilization: the generate stage's options, else the cost model's defaults, so that
-    the engine runs with what the simulator priced."""
-    defaults = parameters()
-    return (options.get("max_num_seqs") or defaults["generation"]["max_num_seqs_per_rank"],
-            options.get("gpu_memory_utilization") or defaults["efficiency"]["memory"])
+def engine_max_num_seqs(options: dict) -> int:
+    """vLLM's max_num_seqs (per data-parallel rank, as the stage's option counts it): the generate
+    stage's option, else the cost model's default, so that the engine runs with what the simulator
+    priced (its gpu_memory_utilization too: roofline.engine_memory)."""
+    return options.get("max_num_seqs") or parameters()["generation"]["max_num_seqs_per_rank"]
 
 
 def transfer_backend(stage: StagePlan) -> str:

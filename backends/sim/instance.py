@@ -36,7 +36,6 @@ class GenInstance:
         self._finish_at: dict[tuple, int] = {}  # running sample -> the decode count its turn ends at
         self._running: dict[tuple, None] = {}  # running samples in the order they (re)started
         self.kv_peak = 0.0  # the most KV (tokens of context) it ever held
-        self.suspended = False  # its pool is the learner's: nothing it holds decodes (carry-over)
         self.preemptions = 0
         # the active sequences by the decode count at which their turn ends: thousands share a
         # few hundred counts, so a heap of the counts is much smaller than one of the sequences
@@ -70,6 +69,11 @@ class GenInstance:
     def live(self) -> bool:
         """Sequences in the batch, on a tool call or waiting for KV."""
         return bool(self.active or self.waiting or self.held)
+
+    @property
+    def suspended(self) -> bool:
+        """Its pool is the learner's (carry-over, `suspend`): nothing it holds decodes."""
+        return self.busy_until == math.inf
 
     def kv_used(self) -> float:
         """Tokens of context in the KV cache: the batch's and the sequences' on a tool call."""
@@ -254,8 +258,12 @@ class GenInstance:
             self.held.popleft()
             used += context
             (again if preempted else fresh).append((sample, context, turn))
-        if not fresh and not again:
-            return
+        if fresh or again:
+            self._start(fresh, again)
+
+    def _start(self, fresh: list, again: list) -> None:
+        """(sample, context, tokens of its turn) entries join the batch after one prefill stall:
+        fresh prompts are useful, the contexts of preempted sequences computed again `preempt`."""
         start = max(self.clock, self.busy_until)
         for entries, category in ((fresh, "useful"), (again, "preempt")):
             if entries:
@@ -408,7 +416,7 @@ class GenInstance:
         a tool call follows each turn that has an observation (one more call than turns: the
         episode ends on that call, `end_on_tool`)."""
         self._catch_up(now)
-        if episode is None:  # one turn each: _push's work, read once for the whole batch
+        if episode is None:  # one turn each
             entries = [(r.sample, r.prompt_len, response_len(r.sample)) for r in requests]
         else:
             entries = []
@@ -421,12 +429,8 @@ class GenInstance:
         if self._bounded:  # they wait for KV behind the sequences already waiting
             self.held.extend((sample, context, turn, False) for sample, context, turn in entries)
             self._admit_held()
-            return
-        start = max(self.clock, self.busy_until)
-        prompts = [r.prompt_len for r in requests]
-        self.busy_until = start + self.cost.prefill(sum(prompts), len(requests), sum(p * p for p in prompts))
-        self.segments.append((start, self.busy_until, "useful"))
-        self._push_all(entries)
+        else:
+            self._start(entries, [])
 
     def suspend(self, now: float) -> None:
         """Its devices go to the learner (a time-shared pool): the sequences in flight stop where
@@ -434,14 +438,12 @@ class GenInstance:
         sync after `wake` computes it again (load_weights)."""
         self.advance(now)
         self.clock = max(self.clock, now)
-        self.busy_until = math.inf
-        self.suspended = True
+        self.busy_until = math.inf  # a stall without end: nothing decodes (`suspended`)
         self.generation += 1
 
     def wake(self, now: float) -> None:
         """The pool is back: the instance works again from `now`."""
         self.busy_until = self.clock = max(self.clock, now)
-        self.suspended = False
         self.generation += 1
 
     def accepts_more(self) -> bool:
