@@ -53,7 +53,7 @@ class Site:
 
 # what megatron's DDP buffers and optimizers hold, as the executors read them (attributes, not methods)
 MEGATRON_STATE = {"buffers", "expert_parallel_buffers", "param_data", "grad_data", "params", "main_grad",
-                  "chained_optimizers", "finalize_model_grads_func", "optimizer", "zero_grad"}
+                  "chained_optimizers", "optimizer", "zero_grad"}
 
 
 def megatron_members() -> set[str]:

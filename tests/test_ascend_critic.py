@@ -71,27 +71,25 @@ def forward_backward(forward_step_func, data_iterator, model, num_microbatches, 
     return found
 
 
-def data_parallel_schedule(comm, group: list):
-    """forward_backward, then megatron DDP's gradient all-reduce over the data-parallel group
-    (finalize_model_grads at the end of every schedule that trains: the average, 1 / dp)."""
+def data_parallel_reduction(comm, group: list, model):
+    """megatron DDP's gradient all-reduce over the data-parallel group, as the trainers call it once
+    before each optimizer step (megatron_model.gradient_reduction: finalize_model_grads, the average,
+    1 / dp)."""
 
-    def schedule(**kwargs):
-        found = forward_backward(**kwargs)
-        if not kwargs["forward_only"]:
-            for p in kwargs["model"][0].parameters():
-                if p.grad is not None:
-                    p.grad.copy_(sum(comm.all_gather(p.grad, group)) / len(group))
-        return found
+    def reduce() -> None:
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.copy_(sum(comm.all_gather(p.grad, group)) / len(group))
 
-    return schedule
+    return reduce
 
 
 def fake_critic(cpu_critic, stage: dict, settings, comm=None, group=(0,)) -> MegatronCritic:
     """The critic over PackedValueModel, one rank or a data-parallel rank of `group`."""
     model = PackedValueModel(cpu_critic)
-    schedule = forward_backward if comm is None else data_parallel_schedule(comm, list(group))
+    reduce = None if comm is None else data_parallel_reduction(comm, list(group), model)
     return MegatronCritic(stage, settings, model, ClippedAdamW(model, settings.critic_lr, settings.grad_clip),
-                          schedule, (RankGroup(comm, tuple(group)), RankGroup()))
+                          forward_backward, (RankGroup(comm, tuple(group)), RankGroup()), reduce)
 
 
 class PackedValueStage(PipelineStage):
@@ -177,7 +175,13 @@ def critic_step(critic, generator_seed: int = 0) -> dict:
         r.values = [v + 0.05 * (-1) ** t for t, v in enumerate(r.values)]
     critic.train(rollouts)
     head = getattr(critic.model, "output_layer", None)
-    grads = {name: p.grad.clone() for name, p in critic.model.named_parameters() if p.grad is not None}
+    grads, step = {}, critic.optimizer.step
+
+    def recorded():  # the gradients the step applies: reduced over data-parallel ranks, scaled
+        grads.update({name: p.grad.clone() for name, p in critic.model.named_parameters() if p.grad is not None})
+        return step()
+
+    critic.optimizer.step = recorded
     summary = critic.optimizer_step()
     return {"values": values, "grads": grads, "summary": summary,
             "head": head.weight.detach().clone() if head is not None else None}
@@ -185,7 +189,7 @@ def critic_step(critic, generator_seed: int = 0) -> dict:
 
 def test_a_two_rank_data_parallel_critic_trains_as_the_one_rank_critic_on_the_same_batch():
     """Each rank takes every other packed row: the values gathered on both ranks, the step's value
-    loss, the value head's gradients (DDP's average over two ranks is half the one rank's sum) and
+    loss, the gradients the step applies (DDP's average over two ranks, scaled back to the sum) and
     the head after the step equal the one-rank critic's on the same rollouts."""
     plan = compile_with_passes(PPO).plan()
     cpu = CpuExecutors(plan, PPO.parent)
@@ -204,7 +208,7 @@ def test_a_two_rank_data_parallel_critic_trains_as_the_one_rank_critic_on_the_sa
         assert two["summary"]["critic_grad_norm"] == pytest.approx(one["summary"]["critic_grad_norm"], rel=1e-5)
         assert two["grads"].keys() == one["grads"].keys()
         for name, grad in one["grads"].items():
-            assert torch.allclose(2 * two["grads"][name], grad, atol=1e-6), name
+            assert torch.allclose(two["grads"][name], grad, atol=1e-6), name
         assert torch.allclose(two["head"], one["head"], atol=1e-6)
 
 

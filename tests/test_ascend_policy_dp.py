@@ -21,7 +21,7 @@ from aspc.cli.toolchain import compile_with_passes
 from conftest import ROOT
 from fake_comm import run_ranks
 from fake_pipeline import PipelineStage
-from test_ascend_critic import ClippedAdamW, data_parallel_schedule, forward_backward
+from test_ascend_critic import ClippedAdamW, data_parallel_reduction, forward_backward
 from test_ascend_executors import one_rank  # noqa: F401 (a fixture)
 
 GRPO = ROOT / "pipelines" / "tiny_grpo.aspl"
@@ -68,10 +68,11 @@ def rollouts(settings) -> list[Rollout]:
 
 def policy_step(whole: TinyQwen, settings, comm=None) -> dict:
     model = RecordingPolicy(whole)
-    schedule = forward_backward if comm is None else data_parallel_schedule(comm, [0, 1])
+    reduce = None if comm is None else data_parallel_reduction(comm, [0, 1], model)
     stage = {"micro_batching": {"tokens": TOKENS}, "groups": {"dp": [[0]], "pp": [[0]]}} if comm is None else DP_STAGE
     trainer = MegatronTrainer.of_parts(stage, settings, SimpleNamespace(comm=comm), model,
-                                       ClippedAdamW(model, 1e-2, settings.grad_clip), schedule)
+                                       ClippedAdamW(model, 1e-2, settings.grad_clip), forward_backward,
+                                       reduce_gradients=reduce)
     trainer.train(rollouts(settings))
     summary = trainer.optimizer_step()
     return {"summary": summary, "seen": model.seen,

@@ -19,8 +19,9 @@ from __future__ import annotations
 import torch
 
 from aspc.backends.ascend.call_broadcast import CALLS, Leader, broadcast_call
-from aspc.backends.ascend.data_parallel import RankGroup, stage_groups
-from aspc.backends.ascend.megatron_model import build_gpt, load_checkpoint, training_parts, zero_gradients
+from aspc.backends.ascend.data_parallel import RankGroup, nothing_to_reduce, stage_groups
+from aspc.backends.ascend.megatron_model import (build_gpt, gradient_reduction, load_checkpoint, training_parts,
+                                                 zero_gradients)
 from aspc.backends.ascend.offload import Offloadable
 from aspc.backends.ascend.packing import feed, pack, per_sequence
 from aspc.rl.losses import value_loss
@@ -75,12 +76,15 @@ def per_position(mb, per_key: dict) -> torch.Tensor:
 class MegatronCritic(Offloadable):  # leaves the NPU with the policy trainer on a time-shared pool
     """The critic's calls (values, train, optimizer_step) on one megatron rank. `model`, `optimizer`
     and `step_func` are megatron's (DDP-wrapped value model, get_megatron_optimizer,
-    get_forward_backward_func) unless given (the CPU tests' fakes); `groups`: this rank's
-    data-parallel and pipeline groups (data_parallel.stage_groups; one rank without them)."""
+    get_forward_backward_func, finalize_model_grads) unless given (the CPU tests' fakes); `groups`:
+    this rank's data-parallel and pipeline groups (data_parallel.stage_groups; one rank without them);
+    `reduce_gradients`: what reduces a step's gradients over them, once before its optimizer step."""
 
-    def __init__(self, stage: dict, settings, model, optimizer, step_func, groups: tuple | None = None):
+    def __init__(self, stage: dict, settings, model, optimizer, step_func, groups: tuple | None = None,
+                 reduce_gradients=None):
         self.stage, self.settings = stage, settings
         self.model, self.optimizer, self.step_func = model, optimizer, step_func
+        self.reduce_gradients = reduce_gradients or nothing_to_reduce
         self.dp, self.pp = groups or (RankGroup(), RankGroup())
         self.tokens, self.loss = 0, 0.0  # the step's response tokens and summed value loss
         self.offloaded: list = []  # the restore steps of what `offload` moved to host memory
@@ -109,7 +113,8 @@ class MegatronCritic(Offloadable):  # leaves the NPU with the policy trainer on 
         body = load_checkpoint(value_model(stage, rank_args), stage, value_head=True)
         model, optimizer = training_parts(body, stage, settings.critic_lr, 0.01, settings.grad_clip)
         device = next(model.parameters()).device
-        return cls(stage, settings, model, optimizer, get_forward_backward_func(), stage_groups(stage, device))
+        return cls(stage, settings, model, optimizer, get_forward_backward_func(), stage_groups(stage, device),
+                   gradient_reduction(model))
 
     def _run(self, batches: list, loss_func, forward_only: bool) -> list:
         """megatron's schedule over `batches`; `loss_func(values [1, T], mb)` runs on the last
@@ -164,6 +169,7 @@ class MegatronCritic(Offloadable):  # leaves the NPU with the policy trainer on 
         data-parallel rank; DDP averaged the gradients over them), clipped, Adam."""
         tokens = max(self.dp.total(self.tokens), 1)
         loss = self.dp.total(self.pp.total(self.loss))  # the last stage's, on every stage
+        self.reduce_gradients()
         self.model.scale_gradients(self.dp.gradient_scale(tokens))
         succeeded, grad_norm, _ = self.optimizer.step()
         zero_gradients(self.model, self.optimizer)

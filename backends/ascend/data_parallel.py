@@ -3,8 +3,9 @@ passes split their work over them: each data-parallel rank takes its share of th
 micro-batches, per-row results are gathered back in packing order, what the last pipeline stage
 alone computed (values, log-probs, losses) reaches every stage, and sums are totalled over a group,
 through a weight_sync Communicator (HCCL on NPUs, threads in the CPU tests). Gradients are not
-reduced here: megatron's DDP averages them over the data-parallel group (finalize_model_grads,
-gradient_scaling_factor = 1 / dp), so a rank scales its summed gradients by `gradient_scale`."""
+reduced here: megatron's DDP averages them over the data-parallel group (finalize_model_grads, once
+before each optimizer step; gradient_scaling_factor = 1 / dp), so a rank scales its summed gradients
+by `gradient_scale`."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,6 +14,10 @@ from dataclasses import dataclass
 import torch
 
 from aspc.backends.ascend.packing import MicroBatch
+
+
+def nothing_to_reduce() -> None:
+    """A step's gradient reduction on a rank with no data-parallel peer (the CPU tests' one-rank parts)."""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ Followed: megatron-core 0.16.1 (`get_gpt_layer_local_spec`, `get_gpt_decoder_blo
 (mindspeed_rl/workers/actor_hybrid_worker.py: the MindSpeed adaptor imported first)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from aspc.backends.ascend.reshard import Layout
@@ -125,22 +127,34 @@ def load_checkpoint(model, stage: dict, checkpoint: str | None = None, value_hea
 
 def training_parts(model, stage: dict, lr: float, weight_decay: float, grad_clip: float):
     """`model` DDP-wrapped and its optimizer (Adam), as megatron trains them: gradients reduced by
-    finalize_model_grads; with the stage's `distributed_optimizer` (the language's option, on by default
-    as MindSpeed-RL runs: `builders.distributed_optimizer`), optimizer state sharded over the
-    data-parallel group and DDP's contiguous parameter buffer (`param_data`) kept, which offload.py
-    moves whole."""
-    from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
-                                           finalize_model_grads)
+    finalize_model_grads once per step (gradient_reduction); with the stage's `distributed_optimizer`
+    (the language's option, on by default as MindSpeed-RL runs: `builders.distributed_optimizer`),
+    optimizer state sharded over the data-parallel group and DDP's contiguous parameter buffer
+    (`param_data`) kept, which offload.py moves whole."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     distributed = bool(stage["builders"].get("distributed_optimizer", True))
-    model.config.finalize_model_grads_func = finalize_model_grads
+    # The config's finalize_model_grads_func stays unset (None): megatron's schedule would reduce at the
+    # end of each call, and a step trains several units (one schedule each): under the distributed
+    # optimizer a second reduce-scatter over the same buffer sums the shards the first reduced with
+    # the other ranks' local gradients. gradient_reduction reduces once, before the step.
     ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(use_distributed_optimizer=distributed),
                                   module=model)
     optimizer_config = OptimizerConfig(optimizer="adam", lr=lr, weight_decay=weight_decay, clip_grad=grad_clip,
                                        bf16=stage["config"].get("bf16", False), use_distributed_optimizer=distributed,
                                        params_dtype=materialize(stage["config"])["params_dtype"])
     return ddp, get_megatron_optimizer(optimizer_config, [ddp])
+
+
+def gradient_reduction(model):
+    """What reduces a step's gradients, called once before its optimizer step: megatron's
+    finalize_model_grads over the DDP-wrapped `model` (the data-parallel average of DDP's buffers, a
+    reduce-scatter under the distributed optimizer; the sequence-parallel norms' and tied embeddings'
+    all-reduces), as Megatron-LM's schedule runs it once at the end of a step's micro-batches."""
+    from megatron.core.distributed import finalize_model_grads
+
+    return functools.partial(finalize_model_grads, [model])
 
 
 def zero_gradients(model, optimizer) -> None:

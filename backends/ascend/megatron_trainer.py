@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from aspc.backends.ascend.data_parallel import RankGroup, groups_over
+from aspc.backends.ascend.data_parallel import RankGroup, groups_over, nothing_to_reduce
 from aspc.backends.ascend.forward_only import PipelinedForward, token_entropy, token_logprobs
-from aspc.backends.ascend.megatron_model import build_gpt, load_checkpoint, training_parts, zero_gradients
+from aspc.backends.ascend.megatron_model import (build_gpt, gradient_reduction, load_checkpoint, training_parts,
+                                                 zero_gradients)
 from aspc.backends.ascend.offload import Offloadable
 from aspc.backends.ascend.packing import feed, model_device, on_this_cp_rank, pack, sequence_counts
 from aspc.backends.ascend.reshard import grouped_to_sequential
@@ -53,21 +54,27 @@ class MegatronTrainer(Offloadable):
         self.stage, self.settings = stage, settings
         model, optimizer = training_parts(load_checkpoint(build_gpt(stage, rank_args), stage), stage, settings.lr,
                                           settings.weight_decay, settings.grad_clip)
-        self._assemble(task_reward, sync, reference, model, optimizer, get_forward_backward_func())
+        self._assemble(task_reward, sync, reference, model, optimizer, get_forward_backward_func(),
+                       gradient_reduction(model))
         self.rank_args = rank_args
 
     @classmethod
-    def of_parts(cls, stage: dict, settings, sync, model, optimizer, step_func, task_reward=None, reference=None):
+    def of_parts(cls, stage: dict, settings, sync, model, optimizer, step_func, task_reward=None, reference=None,
+                 reduce_gradients=None):
         """A trainer over given parts instead of megatron's (the CPU tests' fakes): a DDP-like `model`
-        (scale_gradients), an optimizer whose step() gives (ok, grad norm, _), a schedule."""
+        (scale_gradients), an optimizer whose step() gives (ok, grad norm, _), a schedule that
+        accumulates gradients, and what reduces them over the data-parallel ranks once a step (none on
+        one rank)."""
         trainer = cls.__new__(cls)
         trainer.stage, trainer.settings, trainer.rank_args = stage, settings, {}
-        trainer._assemble(task_reward, sync, reference, model, optimizer, step_func)
+        trainer._assemble(task_reward, sync, reference, model, optimizer, step_func,
+                          reduce_gradients or nothing_to_reduce)
         return trainer
 
-    def _assemble(self, task_reward, sync, reference, model, optimizer, step_func) -> None:
+    def _assemble(self, task_reward, sync, reference, model, optimizer, step_func, reduce_gradients) -> None:
         self.task_reward, self.sync, self.reference_model = task_reward, sync, reference
         self.model, self.optimizer, self.step_func = model, optimizer, step_func
+        self.reduce_gradients = reduce_gradients  # once a step: every unit's schedule only accumulates
         self.dp, self.pp = groups_over(self.stage, sync.comm, model_device(model))
         self.cp = RankGroup.of(self.stage, "cp", sync.comm, model_device(model))  # each holds part of every row
         self.critic = None  # a follower's share of the PPO critic (attach_critic)
@@ -164,6 +171,7 @@ class MegatronTrainer(Offloadable):
         s = self.settings
         divisor = step_divisor(s.aggregation, self.sequences, self.tokens, s.max_tokens)
         loss = self.dp.total(self.cp.total(self.pp.total(self.loss)))  # the last stage's, on every stage
+        self.reduce_gradients()
         self.model.scale_gradients(self.dp.gradient_scale(divisor))
         succeeded, grad_norm, _ = self.optimizer.step()
         zero_gradients(self.model, self.optimizer)
