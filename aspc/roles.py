@@ -201,7 +201,7 @@ class Pricing(Protocol):
 
     def work(self, work: Any, stage: Any, token_lengths: list[int]) -> Any: ...  # a WorkCost
 
-    def optimizer(self) -> float: ...
+    def optimizer(self, loading: bool = False) -> float: ...  # loading: an instance loads weights meanwhile
 
     def publish(self, devices: int, time_shared: bool) -> float: ...
 

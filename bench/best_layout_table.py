@@ -5,10 +5,11 @@ expresses (its best layout and its best mini-batching), with the drain and an ab
     python bench/best_layout_table.py [--steps 20] [--workloads grpo_7b,dapo_32b]
 
 For each workload: the layout `aspc simulate --compare --best-layout` picks for sync and for asp
-(aspc tune's search, confirmed on 6 steps); sync at that layout with mini_batches 1..staleness+1 (the
-fastest is "best sync"); asp; then asp's passes one at a time taken away (or changed) at asp's layout,
-and partial rollout added (carry-over on a time-shared pool). "gen drain" is the tail and skewness of
-the generation instances, in % of all device time; "bound" the bubble-free bound's share (efficiency).
+(aspc tune's search over every degree, confirmed until the best holds); sync at that layout with
+mini_batches 1..staleness+1 (the fastest is "best sync"); asp; then asp's passes one at a time taken
+away (or changed) at asp's layout, and partial rollout added (carry-over on a time-shared pool).
+"gen drain" is the tail and skewness of the generation instances, in % of all device time; "bound"
+the bubble-free bound's share (efficiency).
 """
 from __future__ import annotations
 

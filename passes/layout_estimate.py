@@ -168,7 +168,8 @@ class Estimator:
             factor, micro = self._packed(*packing, par.dp, streamed)
             padded = busy * factor
         seconds = padded + pipeline_fill_drain(padded, micro, par.pp) + (cost.optimizer() if train else 0.0)
-        return seconds, busy * cost.rank_devices * ranks
+        return seconds + self._units(streamed) * parameters()["learner"]["unit_dispatch_s"], \
+            busy * cost.rank_devices * ranks
 
     def _packed(self, tokens: int, buckets: int, ranks: int, streamed: bool) -> tuple[float, float]:
         key = (tokens, buckets, ranks, streamed)
@@ -209,6 +210,10 @@ class Estimator:
                 if streamed else self.lengths
             self.packings[key] = [balance(unit, ranks) for unit in units]
         return self.packings[key]
+
+    def _units(self, streamed: bool) -> int:
+        """Learner units of a step: one call each ([learner] unit_dispatch_s)."""
+        return math.ceil(self.samples / (self.graph.schedule.option("stream") or 16)) if streamed else 1
 
     def _unit_tokens(self, name: str, streamed: bool) -> float:
         """Tokens of one unit of learner work: a streamed micro-batch of `stream` samples under asp

@@ -1,5 +1,6 @@
 """Automatic placement: `placement = auto` (the auto-place pass), `aspc tune` and
 `aspc simulate --compare --best-layout` on a small pipeline of 8 NPUs."""
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from aspc.ir.graph import LayoutChoice, Parallel, StageKind
 from aspc.ir.memory import USABLE_HBM_FRACTION, training_need
 from aspc.ir.printer import print_ir
 from aspc.passes.layout_search import search
-from aspc.ir.layout_space import candidates, roles_of
+from aspc.ir.layout_space import candidates, roles_of, unpinned
 from aspc.cli.toolchain import compile_with_passes, run_schedule
 
 SMALL = """\
@@ -95,19 +96,70 @@ def test_unwritten_degrees_are_searched_and_every_candidate_fits_memory(tmp_path
 
 
 def test_tuned_source_is_the_pass_layout_and_simulates_to_its_figure(tmp_path):
+    """With the written degrees pinned, tune's choice is auto-place's (the search's best, confirmed)."""
     path = write(tmp_path)
     out = tmp_path / "tuned.aspl"
-    result = cli("tune", str(path), "-o", str(out))
+    result = cli("tune", str(path), "-o", str(out), "--pin", "tp")
     assert result.exit_code == 0, result.output
     assert "chosen" in result.stderr and "written" in result.stderr
     tuned = compile_file(out)
     assert tuned.graph.schedule.option("placement") is None  # the layout is written now
     plan = run_schedule(tuned, "asp").plan()
-    simulated = simulate(plan, CONFIRM_STEPS, simulator_pricing(plan))
-    assert f"simulated {simulated.e2e_tps:7.1f}" in result.stderr  # the figure tune printed
+    chosen = next(line for line in result.stderr.splitlines() if line.strip().startswith("chosen"))
+    steps = int(re.search(r"over +(\d+) steps", chosen).group(1))
+    assert steps in (CONFIRM_STEPS, 2 * CONFIRM_STEPS, 4 * CONFIRM_STEPS)
+    simulated = simulate(plan, steps, simulator_pricing(plan))
+    assert f"simulated {simulated.e2e_tps:7.1f} over {steps:2} steps" in chosen  # the figure tune printed
     best = search(compile_file(path).graph, "asp")[0]
     assert layout_of(run_schedule(tuned, "asp").graph) == layout_of(compile_with_passes(path).graph)
     assert simulated.e2e_tps == pytest.approx(best.estimate.tps, rel=TOLERANCE)
+
+
+def test_tune_searches_the_written_degrees_of_generation_and_training_unless_pinned(tmp_path):
+    """auto-place keeps what a file writes; `aspc tune` starts from it and searches the generate and
+    train stages' tp/pp/ep (the written layout is still confirmed beside the chosen one), but a --pin."""
+    graph = compile_file(write(tmp_path)).graph  # gen tp = 2, update tp = 4 written
+
+    def tried(pins=()):
+        free = unpinned(graph, pins)
+        found = candidates(free, roles_of(free))
+        return ({c.layout.stage("gen").parallel.tp for c in found},
+                {c.layout.stage("update").parallel.tp for c in found})
+
+    gen_tp, train_tp = tried()
+    assert gen_tp > {2} and train_tp > {4}
+    assert tried(["gen.tp"])[0] == {2} and tried(["gen.tp"])[1] > {4}
+    assert tried(["tp"]) == ({2}, {4})
+    assert graph.stage("gen").option_span("tp") is not None  # the file's graph is left as it was
+    result = cli("tune", str(write(tmp_path)), "--confirm", "0", "--pin", "gen.dp")
+    assert result.exit_code == 2 and "no degree gen.dp to pin" in result.output and "gen.tp" in result.output
+
+
+def test_tune_confirms_the_leaders_at_twice_the_steps_until_the_best_holds(monkeypatch):
+    """The leaders are simulated again at 12, then 24 steps; the best at the longest length decides,
+    and the report says whether it held."""
+    from aspc.cli import tune as tuning
+
+    def figures(by_steps):
+        def simulated(tried, schedule, steps, base_dir, progress):
+            tried.simulated_tps, tried.efficiency, tried.result, tried.steps = by_steps[tried.text][steps], 0.5, \
+                object(), steps
+        return simulated
+
+    def confirmed(by_steps):
+        monkeypatch.setattr(tuning, "_simulate", figures(by_steps))
+        candidates = [tuning.Tried(None, name) for name in by_steps]
+        stable = tuning._confirm(candidates, "asp", 6, None, None)
+        return stable, {t.text: t.steps for t in candidates}, max(candidates, key=lambda t: t.simulated_tps).text
+
+    # "b" leads at 6 steps; "a" overtakes at 12 and stays ahead at 24; "c" is no leader (over 5% behind)
+    stable, steps, best = confirmed({"a": {6: 99.0, 12: 110.0, 24: 111.0}, "b": {6: 100.0, 12: 105.0, 24: 106.0},
+                                     "c": {6: 80.0}})
+    assert (stable, steps, best) == ((12, 24), {"a": 24, "b": 24, "c": 6}, "a")
+    stable, _, best = confirmed({"a": {6: 100.0, 12: 101.0}, "b": {6: 90.0, 12: 100.0}})
+    assert (stable, best) == ((6, 12), "a")
+    stable, _, best = confirmed({"a": {6: 100.0, 12: 99.0, 24: 101.0}, "b": {6: 99.0, 12: 100.0, 24: 100.0}})
+    assert (stable, best) == (None, "a")  # still changing at 24 steps: the longest run decides
 
 
 def test_every_schedule_gets_its_own_layout(tmp_path):
@@ -140,6 +192,28 @@ def test_best_layout_gives_sync_its_fastest_mini_batching_at_its_layout(tmp_path
     chosen = dict(sync.stages_of("train")[0].options)["mini_batches"]
     tps = {m: simulate(with_mini_batches(sync, m), 3, simulator_pricing(sync)).e2e_tps for m in (1, 2)}
     assert tps[chosen] == max(tps.values())
+
+
+def test_tune_for_sync_writes_its_fastest_mini_batching_within_the_staleness_allowed(tmp_path):
+    """`aspc tune --schedule sync` on a file whose asp allows staleness 1 tries mini_batches 1 and 2 at
+    each confirmed layout and writes the faster (1: left unwritten); a file written sync is tuned
+    on-policy unless --max-staleness allows more."""
+    from aspc.cli.mini_batching import with_mini_batches
+
+    path, out = write(tmp_path, SMALL.replace("placement = auto, ", "")), tmp_path / "tuned.aspl"
+    result = cli("tune", str(path), "--schedule", "sync", "--confirm", "2", "--steps", "3", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    plan = run_schedule(compile_file(out), "sync").plan()
+    chosen = dict(plan.stages_of("train")[0].options).get("mini_batches", 1)
+    steps = int(re.search(r"over +(\d+) steps", result.stderr).group(1))
+    tps = {m: simulate(with_mini_batches(plan, m), steps, simulator_pricing(plan)).e2e_tps for m in (1, 2)}
+    assert tps[chosen] == max(tps.values())
+    assert ("mini-batching: mini_batches = 2" in result.stderr) == (chosen == 2)
+    on_policy = write(tmp_path, SMALL.replace("schedule asp { placement = auto, staleness = 1, stream = 16 }",
+                                              "schedule sync"))
+    result = cli("tune", str(on_policy), "--confirm", "1", "--steps", "3")
+    assert result.exit_code == 0, result.output
+    assert "mini-batching" not in result.stderr and "mini_batches" not in result.stdout
 
 
 def test_a_program_outside_the_search_space_is_refused_at_check(tmp_path):
@@ -202,7 +276,7 @@ def test_the_simplest_setting_within_half_a_percent_wins(tmp_path):
 
 def test_tune_writes_the_chosen_settings_in_place_of_their_bounds(tmp_path):
     path = knobs_program(tmp_path)
-    result = cli("tune", str(path), "--confirm", "0")
+    result = cli("tune", str(path), "--confirm", "0", "--pin", "tp")  # the written tp, as auto-place keeps it
     assert result.exit_code == 0, result.output
     best = search(compile_file(path).graph)[0].knobs
     lines = result.stdout.splitlines()

@@ -102,7 +102,7 @@ class FakePricing:
         seconds = work_seconds("judge" if judged else work.kind, sum(token_lengths))
         return WorkCost(seconds, seconds, 0.0, 0.0)
 
-    def optimizer(self) -> float:
+    def optimizer(self, loading: bool = False) -> float:
         return OPTIMIZER
 
     def publish(self, devices: int, time_shared: bool) -> float:

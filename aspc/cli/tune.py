@@ -25,6 +25,7 @@ from aspc.frontend.parser import parse
 from aspc.frontend.relocate import modules_left_behind, relocate
 from aspc.frontend.schema import SEARCH_BOUNDS
 from aspc.ir.layout import Knobs
+from aspc.ir.layout_space import pin_names, unpinned
 from aspc.passes.layout_search import Ranked, search, written_ranked
 from aspc.passes.base import PassError
 from aspc.passes.knob_space import knob_space
@@ -32,7 +33,9 @@ from aspc.passes.schedules import SCHEDULES, schedule_for
 from aspc.cli.toolchain import run_schedule
 
 TUNED_SOURCE = "<tuned>"
-CONFIRM_STEPS = 6  # simulated steps per confirmed candidate: enough for the overlap to settle
+CONFIRM_STEPS = 6  # simulated steps per confirmed candidate at first (docs/passes.md, "aspc tune")
+LONGEST_CONFIRM = 4  # the leaders are simulated again at twice the steps, up to this many times CONFIRM_STEPS
+LEADERS_WITHIN = 0.05  # a candidate this close to the best simulated one is a leader (at least two are)
 
 
 @dataclass
@@ -42,6 +45,7 @@ class Tried:
     simulated_tps: float | None = None
     efficiency: float | None = None
     result: object | None = None  # SimResult
+    steps: int = 0  # simulated over this many steps
 
 
 @dataclass
@@ -51,6 +55,7 @@ class Tuning:
     written: Tried | None  # None: the written layout does not fit device memory
     search_s: float
     confirm_s: float
+    stable_steps: tuple[int, int] | None = None  # the best stayed the best from the first to the second
 
     @property
     def best(self) -> Tried:
@@ -58,14 +63,15 @@ class Tuning:
 
 
 def tune(compilation: Compilation, schedule: str, confirm: int, steps: int, base_dir: Path | None,
-         progress=None, staleness: tuple[int, ...] | None = None) -> Tuning:
+         progress=None, staleness: tuple[int, ...] | None = None, pins: tuple[str, ...] = ()) -> Tuning:
     """Search the layouts (and the schedule settings the program bounds) of `compilation` under
     `schedule`, simulate the `confirm` best and the written one for `steps` steps, best simulated
     first (the written layout first if it simulates best). `staleness`: the values to try instead of
-    the program's."""
+    the program's; the generate and train stages' tp/pp/ep are searched, written or not, but `pins`."""
     graph = compilation.graph
     started = time.perf_counter()
-    ranked = search(graph, schedule, knob_space(graph, schedule, staleness))
+    free = unpinned(graph, pins)
+    ranked = search(free, schedule, knob_space(free, schedule, staleness))
     search_s = time.perf_counter() - started
     chosen = _distinct(ranked, confirm)
     tried = [Tried(r, tuned_text(compilation.program, r, schedule)) for r in chosen]
@@ -73,12 +79,34 @@ def tune(compilation: Compilation, schedule: str, confirm: int, steps: int, base
     written = None
     if ranked_written is not None:
         written = Tried(ranked_written, tuned_text(compilation.program, ranked_written, schedule))
-    for t in [*tried, *([written] if written else [])]:
-        _simulate(t, schedule, steps, base_dir, progress)
+    stable = _confirm([*tried, *([written] if written else [])], schedule, steps, base_dir, progress)
     tried.sort(key=lambda t: -t.simulated_tps)
     if written is not None and written.simulated_tps > tried[0].simulated_tps:
         tried.insert(0, written)  # the search's figures were off here: the written layout stays
-    return Tuning(schedule, tried, written, search_s, time.perf_counter() - started - search_s)
+    return Tuning(schedule, tried, written, search_s, time.perf_counter() - started - search_s, stable)
+
+
+def _confirm(candidates: list[Tried], schedule: str, steps: int, base_dir: Path | None,
+             progress) -> tuple[int, int] | None:
+    """Simulate every candidate for `steps`, then the leaders (within LEADERS_WITHIN of the best, at
+    least two) again at twice the steps, until the best is the same at two lengths in a row: a short
+    run understates the settings that overlap more (asp fills its pipeline for `staleness` steps
+    first). -> (steps, twice that) where the best held; None if it still changed at LONGEST_CONFIRM
+    times `steps` (the last length decides)."""
+    for t in candidates:
+        _simulate(t, schedule, steps, base_dir, progress)
+    length = steps
+    while len(candidates) > 1 and 2 * length <= LONGEST_CONFIRM * steps:
+        ranked = sorted(candidates, key=lambda t: -t.simulated_tps)
+        best = ranked[0]
+        leaders = [t for t in ranked if t.simulated_tps >= (1 - LEADERS_WITHIN) * best.simulated_tps] or ranked
+        leaders = leaders if len(leaders) > 1 else ranked[:2]
+        for t in leaders:
+            _simulate(t, schedule, 2 * length, base_dir, progress)
+        if max(leaders, key=lambda t: t.simulated_tps) is best:
+            return length, 2 * length
+        length *= 2
+    return None
 
 
 def tuned_text(program: ast.Program, ranked: Ranked, schedule: str) -> str:
@@ -120,18 +148,18 @@ def _simulate(tried: Tried, schedule: str, steps: int, base_dir: Path | None, pr
     compiled = run_schedule(compile_source(tried.text, TUNED_SOURCE, None, base_dir), schedule)
     plan = compiled.plan()
     result = simulate(plan, steps, simulator_pricing(plan), progress)
-    tried.simulated_tps, tried.efficiency, tried.result = result.e2e_tps, result.efficiency, result
+    tried.simulated_tps, tried.efficiency, tried.result, tried.steps = result.e2e_tps, result.efficiency, result, steps
 
 
 def report(tuning: Tuning) -> str:
     """The choice, its predicted and simulated figures, the runners-up and the written layout."""
     lines = [f"schedule {tuning.schedule}: searched in {tuning.search_s:.1f} s, confirmed "
-             f"{len(tuning.tried)} on the simulator in {tuning.confirm_s:.1f} s"]
+             f"{len(tuning.tried)} on the simulator in {tuning.confirm_s:.1f} s{_stability(tuning)}"]
     written = [("written", tuning.written)] if tuning.written else []
     for label, t in [("chosen", tuning.best), *[("runner-up", t) for t in tuning.tried[1:]], *written]:
         e = t.ranked.estimate
-        simulated = f"simulated {t.simulated_tps:7.1f} (efficiency {t.efficiency:.1%})" if t.result else \
-            f"efficiency {e.efficiency:.1%} by the cost model, not simulated"
+        simulated = f"simulated {t.simulated_tps:7.1f} over {t.steps:2} steps (efficiency {t.efficiency:.1%})" \
+            if t.result else f"efficiency {e.efficiency:.1%} by the cost model, not simulated"
         lines.append(f"  {label:9}  predicted {e.tps:7.1f} tokens/s/device, {simulated}  {t.ranked.describe()}")
     if tuning.written is None:
         lines.append("  written    does not fit device memory (degrees left to the search)")
@@ -139,6 +167,13 @@ def report(tuning: Tuning) -> str:
     lines.append(f"  why: {best.bound}-bound at the chosen layout (generation {best.gen_s:.1f} s, learner "
                  f"{best.learn_s:.1f} s a step by the cost model)")
     return "\n".join(lines) + "\n"
+
+
+def _stability(tuning: Tuning) -> str:
+    if tuning.stable_steps is not None:
+        return " (the best held from {} to {} steps)".format(*tuning.stable_steps)
+    steps = {t.steps for t in tuning.tried if t.result}
+    return f" (the best still changed at {max(steps)} steps: the longest run decides)" if len(steps) > 1 else ""
 
 
 def _with_micro_tokens(program: ast.Program, budget: int | None) -> ast.Program:
@@ -161,28 +196,71 @@ def _with_micro_tokens(program: ast.Program, budget: int | None) -> ast.Program:
               help="Simulate this many of the best predicted layouts (and the written one) and keep the best "
                    "simulated; 0 takes the cost model's best without simulating.")
 @click.option("--steps", type=click.IntRange(1, 1000), default=CONFIRM_STEPS, show_default=True,
-              help="Simulated steps per confirmed layout.")
+              help="Simulated steps per confirmed layout; the leaders are simulated again at twice as many until "
+                   f"the best holds (up to {LONGEST_CONFIRM}x).")
 @click.option("--max-staleness", type=click.IntRange(0, 8),
               help="asp: try every staleness from the file's up to this bound (it changes how off-policy "
-                   "samples may be: only as far as you allow); in the file: `max_staleness`.")
+                   "samples may be: only as far as you allow); in the file: `max_staleness`. sync: try "
+                   "mini_batches up to this bound + 1.")
+@click.option("--pin", "pins", multiple=True, metavar="DEGREE",
+              help="Keep a written parallel degree instead of searching it: tp, pp or ep (every stage's), or "
+                   "one stage's (gen.tp). Repeatable.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override an option, as for compile.")
-def tune_command(file, output, schedule, confirm, steps, max_staleness, overrides) -> None:
-    """Choose FILE's layout (device split, instances, unwritten parallel degrees) with the cost model,
-    confirm the best few on the simulator, and write the program at that layout as .aspl source.
-    Written tp/pp/cp/ep are constraints (docs/passes.md, "auto-place")."""
+def tune_command(file, output, schedule, confirm, steps, max_staleness, pins, overrides) -> None:
+    """Choose FILE's layout (device split, instances, the generate and train stages' tp/pp/ep) with
+    the cost model, confirm the best few on the simulator, and write the program at that layout as
+    .aspl source. A written tp/pp/ep is searched too unless --pin keeps it; cp and the other stages'
+    degrees stay as written. sync also gets its fastest mini_batches within the staleness the file's asp
+    schedule (or --max-staleness) allows (docs/passes.md, "aspc tune")."""
     compilation = _compile(file, overrides)
+    _check_pins(file, compilation, pins)
     move = _move(file, output)
     if move is not None:
         _refuse_modules_left_behind(file, compilation.program, *move)
     kind = schedule or compilation.graph.schedule.kind
-    tuning = _tune(file, compilation, kind, confirm, steps, _staleness_values(compilation, kind, max_staleness))
+    tuning = _tune(file, compilation, kind, confirm, steps, _staleness_values(compilation, kind, max_staleness),
+                   tuple(pins))
     click.echo(report(tuning), err=True, nl=False)
-    text, rewritten = _relocated(tuning.best.text, move)
+    text = tuning.best.text
+    bound = _sync_staleness(compilation, kind, max_staleness)
+    if bound and confirm > 0:
+        text = _mini_batched_text(tuning, bound, Path(file).parent)
+    text, rewritten = _relocated(text, move)
     write_output(text, output)
     if output is not None:
         moved = f" ({rewritten} relative path{'s' if rewritten != 1 else ''} rewritten to be relative to " \
                 f"{Path(output).parent}/)" if rewritten else ""
         click.echo(f"wrote {output}{moved}", err=True)
+
+
+def _sync_staleness(compilation: Compilation, kind: str, max_staleness: int | None) -> int:
+    """How stale sync's mini-batches may make its samples: --max-staleness, else the staleness of the
+    file's asp schedule; 0 (mini_batches not searched) for a file written sync."""
+    if kind != "sync":
+        return 0
+    if max_staleness is not None:
+        return max_staleness
+    return _asp_staleness(compilation) if compilation.graph.schedule.kind == "asp" else 0
+
+
+def _mini_batched_text(tuning: Tuning, staleness: int, base_dir: Path) -> str:
+    """sync: the confirmed layouts each with mini_batches 1 .. staleness + 1; the best pair's text."""
+    tried, m, _, tps = best_mini_batching(tuning, staleness, base_dir)
+    if m == 0:
+        return tried.text
+    length = max(t.steps for t in tuning.tried)
+    click.echo(f"  mini-batching: mini_batches = {m} at {tried.ranked.describe()}, simulated {tps:7.1f} over "
+               f"{length} steps (1 to {staleness + 1} tried: samples at most {staleness} step{'s' * (staleness > 1)} "
+               "stale)", err=True)
+    return _with_mini_batches_text(tried.text, m)
+
+
+def _check_pins(file, compilation: Compilation, pins) -> None:
+    known = pin_names(compilation.graph)
+    unknown = [p for p in pins if p not in known]
+    if unknown:
+        raise click.BadParameter(f"{file}: no degree {', '.join(unknown)} to pin; pin one of "
+                                 f"{', '.join(sorted(known))}", param_hint="--pin")
 
 
 def _move(file, output) -> tuple[Path, Path] | None:
@@ -244,27 +322,44 @@ def best_layout_plans(file, overrides, schedules: list[str], confirm: int, steps
 
 def _best_mini_batched(file, compilation: Compilation, tuning: Tuning, steps: int):
     """Sync's plan at the best pair of a confirmed layout and a mini-batching from 1 to asp's
-    staleness + 1 (aspc/cli/mini_batching.py), each simulated for `steps`; its train stage's
-    mini_batches written, so that --compare keeps it."""
+    staleness + 1 (aspc/cli/mini_batching.py); its train stage's mini_batches written, so that
+    --compare keeps it."""
+    tried, m, plan, _ = best_mini_batching(tuning, _asp_staleness(compilation), Path(file).parent)
+    mini = f" with mini_batches = {m}" if m else ""
+    click.echo(f"sync: best layout {tried.ranked.describe()}{mini}", err=True)
+    return plan
+
+
+def best_mini_batching(tuning: Tuning, staleness: int, base_dir: Path | None) -> tuple[Tried, int, object, float]:
+    """The best pair of a confirmed sync layout and a mini-batching from 1 to `staleness` + 1, each
+    simulated over as many steps as the longest confirmation: (the layout, its mini_batches -- 0 where
+    the file writes it, then kept --, the plan with it written, its simulated tokens/s/device)."""
     from aspc.cli.backends import simulator_pricing
     from aspc.cli.mini_batching import with_mini_batches, written
     from aspc.drivers.sim.result import simulate
 
     best = None
+    length = max(t.steps for t in tuning.tried)
     for tried in tuning.tried:
-        plan = run_schedule(compile_source(tried.text, TUNED_SOURCE, None, Path(file).parent), "sync").plan()
-        choices = [0] if written(plan) else range(1, _asp_staleness(compilation) + 2)
-        for m in choices:
+        plan = run_schedule(compile_source(tried.text, TUNED_SOURCE, None, base_dir), "sync").plan()
+        for m in [0] if written(plan) else range(1, staleness + 2):
             candidate = plan if m == 0 else with_mini_batches(plan, m)
-            confirmed = m in (0, 1) and tried.simulated_tps is not None  # as written, or at 1: simulated already
-            tps = tried.simulated_tps if confirmed else simulate(candidate, steps, simulator_pricing(candidate)).e2e_tps
-            if best is None or tps > best[0]:
-                best = (tps, tried, candidate, m)
+            confirmed = m in (0, 1) and tried.steps == length  # as written, or at 1: simulated already
+            tps = tried.simulated_tps if confirmed else \
+                simulate(candidate, length, simulator_pricing(candidate)).e2e_tps
+            if best is None or tps > best[3]:
+                best = (tried, m, candidate, tps)
     assert best is not None, "no confirmed sync layout"
-    _, tried, plan, m = best
-    mini = f" with mini_batches = {m}" if m else ""
-    click.echo(f"sync: best layout {tried.ranked.describe()}{mini}", err=True)
-    return plan
+    return best
+
+
+def _with_mini_batches_text(text: str, mini_batches: int) -> str:
+    """The tuned program with its train stage's mini_batches written."""
+    program = parse(text, TUNED_SOURCE)
+    decls = [replace(d, options=(*(o for o in d.options if o.name != "mini_batches"),
+                                 ast.Option("mini_batches", ast.Int(mini_batches))))
+             if isinstance(d, ast.Stage) and d.kind == "train" else d for d in program.decls]
+    return format_program(replace(program, decls=tuple(decls)))
 
 
 def _asp_staleness(compilation: Compilation) -> int:
@@ -274,11 +369,11 @@ def _asp_staleness(compilation: Compilation) -> int:
 
 
 def _tune(file, compilation: Compilation, kind: str, confirm: int, steps: int,
-          staleness: tuple[int, ...] | None = None) -> Tuning:
+          staleness: tuple[int, ...] | None = None, pins: tuple[str, ...] = ()) -> Tuning:
     try:
         if confirm == 0:
-            return _unconfirmed(compilation, kind, staleness)
-        return tune(compilation, kind, confirm, steps, Path(file).parent, staleness=staleness)
+            return _unconfirmed(compilation, kind, staleness, pins)
+        return tune(compilation, kind, confirm, steps, Path(file).parent, staleness=staleness, pins=pins)
     except PassError as error:
         raise click.ClickException(f"{file}: cannot choose a layout: {error}") from None
     except AsplError as error:  # a chosen layout that fails the front end's checks is a bug of the search
@@ -287,9 +382,11 @@ def _tune(file, compilation: Compilation, kind: str, confirm: int, steps: int,
                                    f"{text}") from None
 
 
-def _unconfirmed(compilation: Compilation, kind: str, staleness: tuple[int, ...] | None) -> Tuning:
+def _unconfirmed(compilation: Compilation, kind: str, staleness: tuple[int, ...] | None,
+                 pins: tuple[str, ...]) -> Tuning:
     started = time.perf_counter()
-    best = search(compilation.graph, kind, knob_space(compilation.graph, kind, staleness))[0]
+    free = unpinned(compilation.graph, pins)
+    best = search(free, kind, knob_space(free, kind, staleness))[0]
     tried = Tried(best, tuned_text(compilation.program, best, kind), best.estimate.tps, best.estimate.efficiency)
     return Tuning(kind, [tried], None, time.perf_counter() - started, 0.0)
 

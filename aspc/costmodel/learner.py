@@ -18,6 +18,7 @@ class WorkCost:
     padding: float
     skewness: float
     tail: float = 0.0  # a judge's verdict decoded below its engine's saturated batch
+    dispatch: float = 0.0  # device-seconds waiting for the unit to arrive (booked as sorting: input not there yet)
 
 
 def balance(lengths: list[int], ranks: int) -> list[list[int]]:

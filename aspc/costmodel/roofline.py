@@ -218,11 +218,34 @@ class LearnerCost:
         flops = (8 if self.recompute else 6) * self._active_params * tokens + 12 * self._attention(squares)
         return flops / self._train_rate
 
-    def optimizer(self) -> float:
-        """One AdamW update: read and write 16 bytes of state per local parameter."""
+    def optimizer(self, shared_gbps: float = 0.0) -> float:
+        """One AdamW update (read and write 16 bytes of state per local parameter) after the step's
+        gradient reduction; `shared_gbps`: what a weight broadcast takes of the network meanwhile."""
         local = self.arch.total_params() / (self.par.tp * self.par.pp * self.par.dp * self.par.cp)
         bw = parameters()["efficiency"]["bandwidth"] * self.hw.hbm_tbps * 1e12
-        return 2 * 16 * local / bw
+        return 2 * 16 * local / bw + self.gradient_reduction(shared_gbps)
+
+    def gradient_reduction(self, shared_gbps: float = 0.0) -> float:
+        """The step's data-parallel gradient reduction, once before the optimizer step
+        (backends/ascend/megatron_model.gradient_reduction): DDP's buffer of this rank's gradients
+        (its tp x pp share, experts over ep too, in the parameters' dtype) reduced over the dp x cp
+        ranks -- reduce-scatter and, under the distributed optimizer, the parameters' all-gather: an
+        all-reduce's bytes. Megatron's rank order puts tp and cp inside dp, so the group spans
+        tp x cp x dp devices: the scale-up link when they fit a node, else the network, of which a
+        weight broadcast leaving the trainer meanwhile takes `shared_gbps` (a ring runs at its
+        slowest member's rate: the sending rank's)."""
+        group = self.par.dp * self.par.cp
+        if group == 1:
+            return 0.0
+        arch = self.arch
+        local = (arch.total_params() - arch.expert_params()) / (self.par.tp * self.par.pp) + \
+            arch.expert_params() / (self.par.tp * self.par.pp * self.par.ep)
+        moved = 2 * (group - 1) / group * local * self.dtype_bytes
+        if self.hw.group_fits_a_node(self.par.tp * group):
+            return _collective(moved, group, self.hw)
+        c = parameters()["communication"]
+        rate = max(c["bandwidth_efficiency"] * self.hw.network_gbps - shared_gbps, 1e-3) * 1e9
+        return c["network_latency_s"] + moved / rate
 
 
 # ---- collectives: a latency plus the bytes one device moves over its group's link ----

@@ -5,6 +5,8 @@ time-shared: colocated), the generate stage's instance count and, where not writ
 the learner-side stages' data-parallel degree and, where not written, the train stage's tp/pp/ep.
 Pinned: every parallel degree the program writes (tp, pp, cp, ep, and a generate stage's dp), every
 pool the generate and train stages do not use (a judge's pool keeps its size), the hardware.
+`aspc tune` frees the written tp/pp/ep of the generate and train stages but those it is told to pin
+(`unpinned`).
 Every candidate fits device memory by the front end's own rules (aspc/ir/memory.py).
 It lives in the IR so that the front end (`aspc check`) and the pass share one feasibility rule.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, replace
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from aspc.ir.graph import Parallel, Stage, StageGraph, StageKind
 from aspc.ir.layout import Layout, LayoutError, StageLayout
@@ -73,6 +75,33 @@ def roles_of(graph: StageGraph) -> Roles:
     return Roles(gen, learners, gen.pool, train.pool, sum(graph.pools[p].count for p in pools))
 
 
+SEARCHED = {StageKind.GENERATE: ("tp", "ep"), StageKind.TRAIN: ("tp", "pp", "ep")}  # what gen_shapes, train_shapes try
+
+
+def unpinned(graph: StageGraph, pins: Iterable[str] = ()) -> StageGraph:
+    """The graph with the generate and train stages' written degrees that the search tries (SEARCHED)
+    left to it (`aspc tune`: a written degree is where the search starts, not a constraint), except
+    the `pins`: a degree ("tp": every stage's) or a stage's ("gen.tp"). Other stages keep theirs."""
+    kept = set(pins)
+    out = graph
+    for stage in _searched_stages(graph):
+        freed = {k for k in SEARCHED[stage.kind] if k not in kept and f"{stage.name}.{k}" not in kept}
+        spans = tuple((k, span) for k, span in stage.option_spans if k not in freed)
+        if spans != stage.option_spans:
+            out = out.with_stage(replace(stage, option_spans=spans))
+    return out
+
+
+def pin_names(graph: StageGraph) -> set[str]:
+    """What `unpinned` accepts as a pin for this graph."""
+    return {k for names in SEARCHED.values() for k in names} | \
+        {f"{s.name}.{k}" for s in _searched_stages(graph) for k in SEARCHED[s.kind]}
+
+
+def _searched_stages(graph: StageGraph) -> list[Stage]:
+    return graph.stages_of(StageKind.GENERATE) + graph.stages_of(StageKind.TRAIN)
+
+
 def candidates(graph: StageGraph, roles: Roles) -> list[Candidate]:
     """Every layout of the search space that fits memory, colocated and separate."""
     return list(iter_candidates(graph, roles))
@@ -123,7 +152,10 @@ def train_shapes(graph: StageGraph, roles: Roles) -> list[Parallel]:
 
 
 def _choices(stage: Stage, name: str, tried: tuple[int, ...]) -> tuple[int, ...]:
-    return (getattr(stage.parallel, name),) if stage.option_span(name) is not None else tried
+    """The written degree alone where pinned; else the tried ones and the stage's own (a freed written
+    degree outside them: pp = 6, ep = 64)."""
+    own = getattr(stage.parallel, name)
+    return (own,) if stage.option_span(name) is not None else tuple(sorted({*tried, own}))
 
 
 def _bad_ep(arch, ep: int, group: int) -> bool:

@@ -17,7 +17,8 @@ from aspc.costmodel.calibrated import Calibration, CalibratedGeneration, Calibra
 from aspc.costmodel.cores import CoreShare
 from aspc.costmodel.learner import WorkCost, packed_ranks, work_cost
 from aspc.costmodel.roofline import (GenerationCost, LearnerCost, broadcast_load_seconds, colocated_load_seconds,
-                                     dtype_bytes, engine_memory, hardware_of, offload_seconds, publish_seconds)
+                                     dtype_bytes, engine_memory, hardware_of, offload_seconds, parameters,
+                                     publish_seconds)
 from aspc.costmodel.workload import Environment, draw_episode, step_lengths
 from aspc.plan.execution_plan import ExecutionPlan, Instance, MicroBatching, StagePlan
 
@@ -49,6 +50,7 @@ class RooflinePricing:
         self._packed: dict[tuple, list] = {}
         self._lengths = {}
         self._generation_costs: dict[str, GenerationCost] = {}  # per stage: its instances share the memos
+        self._dispatch_wait = parameters()["learner"]["unit_dispatch_s"]  # read once: priced per learner unit
 
     def _mean_observations(self, responses: list[int]) -> float:
         """Agentic episodes: a sequence's KV and the learner's sequence hold its tool results too."""
@@ -95,10 +97,12 @@ class RooflinePricing:
         depends on how many devices receive."""
         if self.calibration is not None:
             return self.calibration.weight_load
-        transfer = self.plan.weight_syncs[0].transfer if self.plan.weight_syncs else "link"
-        if transfer == "offload_onload":
+        if self._transfer() == "offload_onload":
             return colocated_load_seconds(self.plan, self.train_stage, self.gen_stage)
         return broadcast_load_seconds(self.plan, self.train_stage, self.gen_stage)
+
+    def _transfer(self) -> str:
+        return self.plan.weight_syncs[0].transfer if self.plan.weight_syncs else "link"
 
     # ---- learner-side executors ----
     def work(self, work: Work, stage: StagePlan, token_lengths: list[int]) -> WorkCost:
@@ -112,7 +116,8 @@ class RooflinePricing:
         key = (work.step, work.samples[0], len(work.samples), stage.micro_batching, stage.parallel.dp)
         if key not in self._packed:  # reference and train pack the same unit the same way
             self._packed[key] = packed_ranks(stage, token_lengths, self.mean_tokens)
-        return work_cost(stage, cost, rule.priced_as, self._packed[key])
+        found = work_cost(stage, cost, rule.priced_as, self._packed[key])
+        return dispatched(found, cost.rank_devices * stage.parallel.dp, self._dispatch_wait)
 
     def _judged(self, stage: StagePlan, token_lengths: list[int]) -> WorkCost:
         """A reward stage with judge(...) sources: each judge generates a verdict for every sample
@@ -172,8 +177,16 @@ class RooflinePricing:
         cost = GenerationCost(model.arch, hw, stage.parallel, dtype_bytes(model.dtype), True)
         return cost, cost.capacity(tokens_per_sequence, memory=None, max_num_seqs=None)
 
-    def optimizer(self) -> float:
-        return self._learner_cost(self.train_stage, False).optimizer()
+    def optimizer(self, loading: bool = False) -> float:
+        """The trainer's step: its gradient reduction, then Adam. `loading`: a generation instance is
+        loading weights meanwhile; on separate pools that is the trainer's broadcast on the network,
+        which takes its rate of the links the reduction crosses (time-shared, nothing trains then)."""
+        cost = self._learner_cost(self.train_stage, False)
+        if self.calibration is not None or not loading or self._transfer() == "offload_onload":
+            return cost.optimizer()
+        hw = hardware_of(self.plan, self.train_stage)
+        return cost.optimizer(min(parameters()["transfer"]["weight_sync_gbps"],
+                                  parameters()["communication"]["bandwidth_efficiency"] * hw.network_gbps))
 
     def publish(self, devices: int, time_shared: bool) -> float:
         """The trainer hands out a new version: its sending rank assembles the full tensors (the
@@ -250,6 +263,11 @@ def _model_of(stage: StagePlan) -> str:
     if stage.model is not None:
         return stage.model
     return next(s.get("model") for s in dict(stage.options)["sources"] if s.func == "model")
+
+
+def dispatched(cost: WorkCost, devices: int, wait: float) -> WorkCost:
+    """A learner unit reaches its executor in one call (`wait`: [learner] unit_dispatch_s): its devices wait."""
+    return dataclasses.replace(cost, seconds=cost.seconds + wait, dispatch=cost.dispatch + wait * devices)
 
 
 def _shaped(stage: StagePlan) -> StagePlan:

@@ -95,6 +95,7 @@ class Simulation:
         self.switch_spans: list[tuple[float, float, str]] = []
         self.lent_spans: dict[int, list[list[float]]] = {}  # instance -> [start, end] while the trainer holds it
         self.moves: list[tuple[float, int, str]] = []  # (when it started, instance, role)
+        self.loads: list[tuple[float, float]] = []  # instances' weight transfers not yet over (start, end)
         self.done = False
         envs = plan.stages_of("environment")
         self.env = Environment.of(dict(envs[0].options)) if envs else None
@@ -216,7 +217,8 @@ class Simulation:
                 self._run_work(action)
             case OptimizerStep():
                 label = f"optimizer step {action.step}"
-                self._occupy(self._trainer(), self.pricing.optimizer(), "useful", label, OptimizerDone(action.step))
+                seconds = self.pricing.optimizer(self._loading())
+                self._occupy(self._trainer(), seconds, "useful", label, OptimizerDone(action.step))
             case PublishWeights():
                 ex = self._trainer()
                 seconds = self.pricing.publish(ex.devices, ex.spec.time_shared)
@@ -258,7 +260,7 @@ class Simulation:
         label = f"{a.work.kind} step {a.work.step} ({len(a.work.samples)} samples)"
         self._occupy(ex, wc.seconds, None, label, WorkFinished(a.work.id, self.rewards(a.work)))
         for category, amount in (("useful", wc.useful), ("padding", wc.padding), ("skewness", wc.skewness),
-                                 ("tail", wc.tail)):
+                                 ("tail", wc.tail), ("sorting", wc.dispatch)):
             self.ledger.add(category, amount)
 
     def _trainer(self) -> ExecutorState:
@@ -371,9 +373,18 @@ class Simulation:
 
     def _load(self, a: SyncWeights) -> None:
         inst = self.instances[a.instance]
-        end = inst.load_weights(self.now, self.pricing.load(inst.devices, a.interrupt), a.interrupt)
+        seconds = self.pricing.load(inst.devices, a.interrupt)
+        end = inst.load_weights(self.now, seconds, a.interrupt)
+        start = inst.segments[-1][0]  # the load's own segment, whose end holds a re-prefill too
+        self.loads.append((start, start + seconds))
         self.at(end, "loaded", a.instance, a.version)
         self._schedule_instance(inst)
+
+    def _loading(self) -> bool:
+        """Whether an instance is loading weights now (on separate pools: the trainer's broadcast on
+        the network); the windows that ended are dropped."""
+        self.loads = [(start, end) for start, end in self.loads if end > self.now]
+        return any(start <= self.now for start, _ in self.loads)
 
     def _at_loaded(self, index: int, version: int) -> None:
         self.feed(WeightsLoaded(index, version))
