@@ -84,6 +84,13 @@ def trl_per_token_loss(logp, old, ref, adv, epsilon_low, epsilon_high, beta, is_
     return per_token_loss
 
 
+def verl_low_var_kl(logprob, ref_logprob):
+    """verl kl_penalty_forward(kl_penalty="low_var_kl" / "k3") (verl/trainer/ppo/core_algos.py at
+    b178a3cd5): the log-ratio clamped to +-20, k3 to +-10."""
+    kl = torch.clamp(ref_logprob - logprob, min=-20, max=20)
+    return torch.clamp(torch.exp(kl) - kl - 1, min=-10, max=10)
+
+
 def verl_agg_loss(loss_mat, loss_mask, loss_agg_mode, loss_scale_factor=None):
     """verl agg_loss (one data-parallel rank, the whole batch one micro-batch). verl's
     seq-mean-token-sum-norm is divided by the dp_actor's 1 / gradient_accumulation too: here with
@@ -204,6 +211,20 @@ def test_the_log_ratio_is_clamped_as_verl_does():
     ours, _ = policy_loss(LOGP, far, None, -ADV.abs(), MASK, "ppo", 0.2, 0.2, 0.0)
     expected = (math.exp(20.0) * ADV.abs() * MASK).sum()
     assert float(ours) == pytest.approx(float(expected), rel=TOL)
+
+
+def test_the_k3_penalty_is_clamped_as_verl_does():
+    """Far from the reference (log ref - log pi of 1..100, and 1000 at a padded position) the per-token
+    penalty is verl's low_var_kl, finite: unclamped, exp(100) is 2.7e43 and exp(1000) inf, whose product
+    with a 0 mask is NaN."""
+    far = LOGP + torch.linspace(1, 100, 20, dtype=torch.float64).reshape(4, 5)
+    far[3, 4] = LOGP[3, 4] + 1000  # MASK is 0 there (LENGTHS[3] = 2)
+    zero_adv = torch.zeros_like(ADV)
+    ours, _ = policy_loss(LOGP, LOGP, far, zero_adv, MASK, "grpo", 0.2, 0.2, 0.05, "token_mean")
+    expected = (0.05 * verl_low_var_kl(LOGP, far) * MASK).sum()
+    assert torch.isfinite(ours) and float(ours) == pytest.approx(float(expected), abs=TOL)
+    near, _ = policy_loss(LOGP, LOGP, REF, zero_adv, MASK, "grpo", 0.2, 0.2, 0.05, "token_mean")
+    assert float(near) == pytest.approx(float((0.05 * verl_low_var_kl(LOGP, REF) * MASK).sum()), abs=TOL)
 
 
 @pytest.mark.parametrize("aggregation, verl_mode", [
@@ -356,7 +377,10 @@ def test_the_reported_loss_is_the_optimised_loss(loss, off_policy, entropy_coef)
     if off_policy != "clip":
         old, weight = logp, torch.exp(logp - rollout)
         is_ratio = weight.clamp(max=2.0) if off_policy == "tis" else torch.where(weight <= 2.0, weight, 0.0)
-    per_token = trl_per_token_loss(logp, old, ref, adv, 0.2, settings.clip_high, 0.05, is_ratio)
+    # TRL's surrogate with verl's clamped k3 (TRL does not clamp it; these rollouts' reference log-probs
+    # are far enough from the model's for the clamp to act)
+    per_token = trl_per_token_loss(logp, old, ref, adv, 0.2, settings.clip_high, 0.0, is_ratio) + \
+        0.05 * verl_low_var_kl(logp, ref)
     trl_type = "grpo" if loss == "grpo" else "dapo"
     entropy_term = trl_loss(entropy, mask, trl_type)  # aggregated as the policy loss (verl)
     expected = trl_loss(per_token, mask, trl_type) - entropy_coef * entropy_term

@@ -14,6 +14,7 @@ from typing import TypedDict
 import torch
 
 LOG_RATIO_BOUND = 20.0  # verl compute_policy_loss_vanilla: log(pi / pi_old) clamped to +-20 before exp
+K3_BOUND = 10.0  # verl kl_penalty_forward ("low_var_kl", "k3"): log(ref / pi) clamped to +-20, k3 to +-10
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 OFF_POLICY = ("clip", "tis", "decoupled")
 # The train options the IR leaves out at their defaults (aspc/frontend/schema.py says the same;
@@ -165,13 +166,20 @@ def policy_loss(logp, old_logp, ref_logp, advantages, mask, loss: str, clip: flo
     if weights is not None:
         per_token = per_token * weights
     if kl > 0 and ref_logp is not None:
-        diff = ref_logp - logp
-        per_token = per_token + kl * (torch.exp(diff) - diff - 1)  # k3 estimator, >= 0
+        per_token = per_token + kl * k3(logp, ref_logp)
     total = aggregate(per_token, mask, aggregation or default_aggregation(loss), segments, counts)
     # the clip acts (zero gradient) where the clipped term is the smaller: a > 0 above 1 + clip_high,
     # a < 0 below 1 - clip (verl pg_clipfrac, TRL is_low_clipped | is_high_clipped)
     clipped_tokens = float(((clipped < unclipped).float() * mask).sum())
     return total, {"clip_fraction": clipped_tokens / max(float(mask.sum()), 1.0), "clipped_tokens": clipped_tokens}
+
+
+def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimate of KL(pi || ref) per token, exp(d) - d - 1 with d = log ref - log pi,
+    clamped as verl does (d to +-20, the estimate to +-K3_BOUND): unclamped it overflows to inf once d
+    passes ~88, and an inf at a padded position makes the masked sum NaN."""
+    diff = torch.clamp(ref_logp - logp, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    return torch.clamp(torch.exp(diff) - diff - 1, -K3_BOUND, K3_BOUND)
 
 
 def value_loss(values, old_values, returns, mask, clip: float) -> torch.Tensor:
