@@ -1,6 +1,8 @@
 """The learner's costs beside its passes (issue 34, item 1): each streamed unit waits for its
 dispatch (booked as sorting), the trainer's data-parallel gradient reduction once a step over the
 link its group spans, and a weight broadcast on the network meanwhile slowing that reduction."""
+import functools
+
 import pytest
 
 from aspc.backends.sim.pricing import RooflinePricing
@@ -15,13 +17,18 @@ from conftest import ROOT
 QWEN_32B = model_presets()["qwen2.5-32b"]
 
 
+@functools.cache
 def plan_of(name: str, schedule: str = "asp"):
     return compile_with_passes(ROOT / "pipelines" / f"{name}.aspl", ["prompts.prompts_per_step=32"], schedule).plan()
 
 
+def dapo_hardware():
+    plan = plan_of("dapo_32b")
+    return hardware_of(plan, plan.stages_of("train")[0])
+
+
 def reduction(par: Parallel, shared: float = 0.0) -> float:
-    hw = hardware_of(plan_of("dapo_32b"), plan_of("dapo_32b").stages_of("train")[0])
-    return LearnerCost(QWEN_32B, hw, par, True).gradient_reduction(shared)
+    return LearnerCost(QWEN_32B, dapo_hardware(), par, True).gradient_reduction(shared)
 
 
 def test_the_gradient_reduction_crosses_the_link_its_data_parallel_group_spans():
@@ -30,8 +37,7 @@ def test_the_gradient_reduction_crosses_the_link_its_data_parallel_group_spans()
     assert reduction(Parallel(tp=8, pp=2, dp=1)) == 0.0
     inside, across = reduction(Parallel(tp=2, dp=4)), reduction(Parallel(tp=8, dp=4, cp=2))
     assert 0.0 < inside and 0.0 < across
-    c = parameters()["communication"]
-    hw = hardware_of(plan_of("dapo_32b"), plan_of("dapo_32b").stages_of("train")[0])
+    c, hw = parameters()["communication"], dapo_hardware()
     local = QWEN_32B.total_params() / 8 * 2  # bf16 gradients of a tp-8 rank
     moved = 2 * 7 / 8 * local  # over the 8 dp x cp ranks
     assert across == pytest.approx(c["network_latency_s"] + moved / (c["bandwidth_efficiency"] * hw.network_gbps * 1e9))

@@ -58,6 +58,11 @@ class Tuning:
     stable_steps: tuple[int, int] | None = None  # the best stayed the best from the first to the second
 
     @property
+    def longest(self) -> int:
+        """The most steps a confirmed candidate was simulated over."""
+        return max(t.steps for t in self.tried)
+
+    @property
     def best(self) -> Tried:
         return self.tried[0]
 
@@ -99,8 +104,8 @@ def _confirm(candidates: list[Tried], schedule: str, steps: int, base_dir: Path 
     while len(candidates) > 1 and 2 * length <= LONGEST_CONFIRM * steps:
         ranked = sorted(candidates, key=lambda t: -t.simulated_tps)
         best = ranked[0]
-        leaders = [t for t in ranked if t.simulated_tps >= (1 - LEADERS_WITHIN) * best.simulated_tps] or ranked
-        leaders = leaders if len(leaders) > 1 else ranked[:2]
+        leaders = [t for t in ranked if t.simulated_tps >= (1 - LEADERS_WITHIN) * best.simulated_tps]
+        leaders = leaders if len(leaders) > 1 else ranked[:2]  # the best is always among them
         for t in leaders:
             _simulate(t, schedule, 2 * length, base_dir, progress)
         if max(leaders, key=lambda t: t.simulated_tps) is best:
@@ -179,10 +184,12 @@ def _stability(tuning: Tuning) -> str:
 def _with_micro_tokens(program: ast.Program, budget: int | None) -> ast.Program:
     """The chosen micro-batch budget as each train stage's micro_tokens (what `pack` defaults to under
     asp, and what sync packs to)."""
-    if budget is None:
-        return program
-    decls = [replace(d, options=(*(o for o in d.options if o.name != "micro_tokens"),
-                                 ast.Option("micro_tokens", ast.Int(budget))))
+    return program if budget is None else _with_train_option(program, "micro_tokens", budget)
+
+
+def _with_train_option(program: ast.Program, name: str, value: int) -> ast.Program:
+    """Each train stage with `name = value` written last (in place of what it wrote)."""
+    decls = [replace(d, options=(*(o for o in d.options if o.name != name), ast.Option(name, ast.Int(value))))
              if isinstance(d, ast.Stage) and d.kind == "train" else d for d in program.decls]
     return replace(program, decls=tuple(decls))
 
@@ -248,7 +255,7 @@ def _mini_batched_text(tuning: Tuning, staleness: int, base_dir: Path) -> str:
     tried, m, _, tps = best_mini_batching(tuning, staleness, base_dir)
     if m == 0:
         return tried.text
-    length = max(t.steps for t in tuning.tried)
+    length = tuning.longest
     click.echo(f"  mini-batching: mini_batches = {m} at {tried.ranked.describe()}, simulated {tps:7.1f} over "
                f"{length} steps (1 to {staleness + 1} tried: samples at most {staleness} step{'s' * (staleness > 1)} "
                "stale)", err=True)
@@ -312,7 +319,7 @@ def best_layout_plans(file, overrides, schedules: list[str], confirm: int, steps
     for kind in schedules:
         tuning = _tune(file, compilation, kind, confirm, steps)
         if kind == "sync":
-            plans.append(_best_mini_batched(file, compilation, tuning, steps))
+            plans.append(_best_mini_batched(file, compilation, tuning))
             continue
         click.echo(f"{kind}: best layout {tuning.best.ranked.describe()}", err=True)
         compiled = run_schedule(compile_source(tuning.best.text, TUNED_SOURCE, None, Path(file).parent), kind)
@@ -320,7 +327,7 @@ def best_layout_plans(file, overrides, schedules: list[str], confirm: int, steps
     return plans
 
 
-def _best_mini_batched(file, compilation: Compilation, tuning: Tuning, steps: int):
+def _best_mini_batched(file, compilation: Compilation, tuning: Tuning):
     """Sync's plan at the best pair of a confirmed layout and a mini-batching from 1 to asp's
     staleness + 1 (aspc/cli/mini_batching.py); its train stage's mini_batches written, so that
     --compare keeps it."""
@@ -339,7 +346,7 @@ def best_mini_batching(tuning: Tuning, staleness: int, base_dir: Path | None) ->
     from aspc.drivers.sim.result import simulate
 
     best = None
-    length = max(t.steps for t in tuning.tried)
+    length = tuning.longest
     for tried in tuning.tried:
         plan = run_schedule(compile_source(tried.text, TUNED_SOURCE, None, base_dir), "sync").plan()
         for m in [0] if written(plan) else range(1, staleness + 2):
@@ -355,11 +362,7 @@ def best_mini_batching(tuning: Tuning, staleness: int, base_dir: Path | None) ->
 
 def _with_mini_batches_text(text: str, mini_batches: int) -> str:
     """The tuned program with its train stage's mini_batches written."""
-    program = parse(text, TUNED_SOURCE)
-    decls = [replace(d, options=(*(o for o in d.options if o.name != "mini_batches"),
-                                 ast.Option("mini_batches", ast.Int(mini_batches))))
-             if isinstance(d, ast.Stage) and d.kind == "train" else d for d in program.decls]
-    return format_program(replace(program, decls=tuple(decls)))
+    return format_program(_with_train_option(parse(text, TUNED_SOURCE), "mini_batches", mini_batches))
 
 
 def _asp_staleness(compilation: Compilation) -> int:

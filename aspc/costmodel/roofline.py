@@ -241,18 +241,20 @@ class LearnerCost:
         local = (arch.total_params() - arch.expert_params()) / (self.par.tp * self.par.pp) + \
             arch.expert_params() / (self.par.tp * self.par.pp * self.par.ep)
         moved = 2 * (group - 1) / group * local * self.dtype_bytes
-        if self.hw.group_fits_a_node(self.par.tp * group):
-            return _collective(moved, group, self.hw)
-        c = parameters()["communication"]
-        rate = max(c["bandwidth_efficiency"] * self.hw.network_gbps - shared_gbps, 1e-3) * 1e9
-        return c["network_latency_s"] + moved / rate
+        return _collective(moved, group, self.hw, span=self.par.tp * group, shared_gbps=shared_gbps)
 
 
 # ---- collectives: a latency plus the bytes one device moves over its group's link ----
-def _collective(nbytes_moved: float, group: int, hw: Hardware) -> float:
+def _collective(nbytes_moved: float, group: int, hw: Hardware, span: int | None = None,
+                shared_gbps: float = 0.0) -> float:
+    """`span`: the consecutive devices the group's ranks lie across (default: the group; a strided
+    group spans more, and crosses the network once that is more than a node); `shared_gbps`: what
+    other traffic takes of the network meanwhile (a ring runs at its slowest member's rate)."""
     c = parameters()["communication"]
-    latency = c["link_latency_s"] if hw.group_fits_a_node(group) else c["network_latency_s"]
-    return latency + nbytes_moved / (c["bandwidth_efficiency"] * hw.group_gbps(group) * 1e9)
+    if hw.group_fits_a_node(span or group):
+        return c["link_latency_s"] + nbytes_moved / (c["bandwidth_efficiency"] * hw.group_gbps(group) * 1e9)
+    rate = max(c["bandwidth_efficiency"] * hw.network_gbps - shared_gbps, 1e-3)
+    return c["network_latency_s"] + nbytes_moved / (rate * 1e9)
 
 
 def all_reduce_seconds(nbytes: float, group: int, hw: Hardware) -> float:
@@ -282,10 +284,16 @@ def broadcast_seconds(nbytes: float, receivers: int, network_gbps: float) -> flo
     pipelined tree moves bytes / bandwidth whatever the receiver count, plus a hop latency per
     tree level per bucket. The bandwidth is the network's share, capped by the measured rate."""
     t, c = parameters()["transfer"], parameters()["communication"]
-    rate = min(t["weight_sync_gbps"], c["bandwidth_efficiency"] * network_gbps) * 1e9
     hops = math.ceil(math.log2(max(receivers, 1) + 1))
     buckets = math.ceil(nbytes / t["broadcast_bucket_bytes"])
-    return nbytes / rate + buckets * hops * c["network_latency_s"]
+    return nbytes / (broadcast_gbps(network_gbps) * 1e9) + buckets * hops * c["network_latency_s"]
+
+
+def broadcast_gbps(network_gbps: float) -> float:
+    """The rate of the trainer's weight broadcast: the network's achieved share, capped by the
+    measured weight-sync rate."""
+    return min(parameters()["transfer"]["weight_sync_gbps"],
+               parameters()["communication"]["bandwidth_efficiency"] * network_gbps)
 
 
 def gather_to_sender_seconds(arch: ModelArch, train: Parallel, hw: Hardware, nbytes_per_param: int) -> float:

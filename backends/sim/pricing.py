@@ -16,9 +16,9 @@ from aspc.controller.kinds import JUDGE_VERDICT_TOKENS, rule_for  # one verdict 
 from aspc.costmodel.calibrated import Calibration, CalibratedGeneration, CalibratedLearner, CalibratedScorer
 from aspc.costmodel.cores import CoreShare
 from aspc.costmodel.learner import WorkCost, packed_ranks, work_cost
-from aspc.costmodel.roofline import (GenerationCost, LearnerCost, broadcast_load_seconds, colocated_load_seconds,
-                                     dtype_bytes, engine_memory, hardware_of, offload_seconds, parameters,
-                                     publish_seconds)
+from aspc.costmodel.roofline import (GenerationCost, LearnerCost, broadcast_gbps, broadcast_load_seconds,
+                                     colocated_load_seconds, dtype_bytes, engine_memory, hardware_of, offload_seconds,
+                                     parameters, publish_seconds)
 from aspc.costmodel.workload import Environment, draw_episode, step_lengths
 from aspc.plan.execution_plan import ExecutionPlan, Instance, MicroBatching, StagePlan
 
@@ -184,9 +184,7 @@ class RooflinePricing:
         cost = self._learner_cost(self.train_stage, False)
         if self.calibration is not None or not loading or self._transfer() == "offload_onload":
             return cost.optimizer()
-        hw = hardware_of(self.plan, self.train_stage)
-        return cost.optimizer(min(parameters()["transfer"]["weight_sync_gbps"],
-                                  parameters()["communication"]["bandwidth_efficiency"] * hw.network_gbps))
+        return cost.optimizer(broadcast_gbps(hardware_of(self.plan, self.train_stage).network_gbps))
 
     def publish(self, devices: int, time_shared: bool) -> float:
         """The trainer hands out a new version: its sending rank assembles the full tensors (the
