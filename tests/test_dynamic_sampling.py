@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import pytest
 
-from aspc.controller.dynamic_sampling import GroupFilter
+from aspc.controller.dynamic_sampling import GroupFilter, OversampleBoundReached
 from aspc.costmodel.workload import draw_rewards
 from aspc.drivers.sim.driver import Simulation
 from aspc.drivers.sim.result import collect
@@ -14,7 +14,9 @@ from aspc.cli.toolchain import compile_with_passes
 from conftest import ROOT
 from timed_fakes import FakePricing
 
-PARITY = "def parity(prompt, response, answer, metadata):\n    return float(len(response) % 2)\n"
+PARITY = ("def parity(prompt, response, answer, metadata):\n    return float(len(response) % 2)\n\n\n"
+          "def constant(prompt, response, answer, metadata):\n    return 1.0\n")
+AT_BOUND = "filter_groups = true, max_oversample = 2, solve_rates = beta(a = 0.01, b = 0.01)"  # nearly all equal
 
 
 def _plan(tmp_path, schedule: str = "asp", train: str = "filter_groups = true", **replace):
@@ -61,6 +63,69 @@ def test_no_all_equal_group_reaches_the_loss_and_each_step_trains_a_full_batch(t
     assert any(p >= 4 for step in trained.values() for _, p, _ in step)  # extra prompts of the same step trained
 
 
+def test_a_run_that_pads_at_the_bound_says_so_once_in_full_then_counts(tmp_path):
+    """A reward that never changes: every group is all-equal, every step pads at its bound (at
+    max_oversample = 1, prompts_per_step prompts), trains, and the log warns at padded steps 1 and 2."""
+    from aspc.backends.cpu.executors import CpuExecutors
+    from aspc.drivers.local.runtime import LocalRuntime, RunOptions
+
+    path, plan = _plan(tmp_path, train="filter_groups = true, max_oversample = 1",
+                       **{"prompts_per_step = 16": "prompts_per_step = 4",
+                          'rule = "exact_match"': 'python = "ds_rewards:constant"'})
+    warnings = []
+    options = RunOptions(steps=2, warmstart_steps=0, on_warning=warnings.append)
+    runtime = LocalRuntime(plan, path.parent, options, CpuExecutors)
+    runtime.build()
+    rows = runtime.run().metrics
+    assert [r["padded_groups"] for r in rows] == [4, 4] and all(r["samples"] == 16 for r in rows)
+    assert len(warnings) == 2
+    assert warnings[0].startswith("warning: step 1 reached the dynamic sampling bound: it generated 4 prompts")
+    assert "only 0 of their groups had rewards that differ" in warnings[0]
+    assert "max_oversample" in warnings[0] and "at_oversample_bound = stop" in warnings[0]
+    assert warnings[1].startswith("warning: 2 steps so far were completed with all-equal groups")
+
+
+def test_the_padding_warnings_thin_out_to_powers_of_two():
+    from aspc.controller.dynamic_sampling import PaddingWarnings
+
+    groups, warnings = GroupFilter(prompts_per_step=1, group=2, max_prompts=1), []
+    padding_warnings = PaddingWarnings(warnings.append)
+    for step in range(9):
+        groups.opening(step)
+        groups.add_rewards(((step, 0, 0), (step, 0, 1)), (1.0, 1.0))
+        groups.decide(step, 0)
+        assert groups.padding(step) == [0]
+        padding_warnings.record(groups, step)
+    assert [w.split(" steps so far")[0] for w in warnings[1:]] == ["warning: 2", "warning: 4", "warning: 8"]
+
+
+def test_stop_at_the_bound_ends_the_run_with_what_to_do(tmp_path):
+    """at_oversample_bound = stop: the controller raises the user error where it would pad (the
+    simulator, like every driver, carries it out)."""
+    _, plan = _plan(tmp_path, train=AT_BOUND + ", at_oversample_bound = stop")
+    with pytest.raises(OversampleBoundReached) as stopped:
+        _simulate(plan)
+    message = str(stopped.value)
+    assert "reached the dynamic sampling bound: it generated 32 prompts (max_oversample x prompts_per_step)" in message
+    assert "groups had rewards that differ, of the 16 a step trains" in message
+    for advice in ("Raise max_oversample", "check the reward", "at_oversample_bound = pad", "max_num_gen_batches"):
+        assert advice in message
+
+
+def test_stop_at_the_bound_is_a_user_error_of_run_and_simulate(aspc, tmp_path):
+    """No traceback: `aspc run` ends with the message (after keeping the finished steps), and
+    `aspc simulate` says the simulated run stops."""
+    path, _ = _plan(tmp_path, train="filter_groups = true, max_oversample = 1, at_oversample_bound = stop",
+                    **{"prompts_per_step = 16": "prompts_per_step = 4",
+                       'rule = "exact_match"': 'python = "ds_rewards:constant"'})
+    result = aspc("run", str(path), "--steps", "2", "--warmstart", "0", "--metrics", str(tmp_path / "m.jsonl"))
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"{path}: step 1 reached the dynamic sampling bound" in result.output
+    result = aspc("simulate", str(path), "--steps", "2")
+    assert result.exit_code == 1
+    assert "the simulated run stops (asp, with the train stage's solve_rates): step" in result.output
+
+
 def _simulate(plan, steps: int = 3) -> Simulation:
     sim = Simulation(plan, steps, FakePricing(plan))
     sim.run()
@@ -88,8 +153,7 @@ def test_each_step_trains_its_first_groups_with_a_signal_whatever_the_schedule(t
 def test_a_step_at_its_bound_is_completed_with_all_equal_groups(tmp_path):
     """Solve rates near 0 or 1: nearly every group is all-equal. Each step generates at most
     max_oversample x prompts_per_step prompts, then trains the groups it has (padded)."""
-    train = "filter_groups = true, max_oversample = 2, solve_rates = beta(a = 0.01, b = 0.01)"
-    _, plan = _plan(tmp_path, train=train)
+    _, plan = _plan(tmp_path, train=AT_BOUND)
     sim = _simulate(plan)
     groups = sim.controller.filter
     prompts = sim.data.prompts_per_step
@@ -143,6 +207,27 @@ def test_the_filter_options_are_refused_without_filter_groups(aspc, tmp_path):
     assert result.exit_code == 1
     assert "'max_oversample' applies only with filter_groups = true" in result.output
     assert f"{path}:" in result.output
+
+
+@pytest.mark.parametrize("train, message", [
+    ("at_oversample_bound = stop", "'at_oversample_bound' applies only with filter_groups = true"),
+    ("filter_groups = true, at_oversample_bound = halt", "'halt' is not a valid at_oversample_bound"),
+])
+def test_at_oversample_bound_is_refused_without_filter_groups_or_with_a_bad_value(aspc, tmp_path, train, message):
+    path, _ = _plan(tmp_path, train="")
+    path.write_text(path.read_text().replace("micro_tokens = 1k\n}", f"micro_tokens = 1k, {train}\n}}"))
+    result = aspc("check", str(path))
+    assert result.exit_code == 1
+    assert message in result.output
+    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if "at_oversample_bound" in text)
+    assert f"{path}:{line}:" in result.output
+
+
+def test_at_oversample_bound_is_in_the_plan_only_when_it_stops(tmp_path):
+    for train, expected in [("filter_groups = true", None), ("filter_groups = true, at_oversample_bound = pad", None),
+                            ("filter_groups = true, at_oversample_bound = stop", "stop")]:
+        _, plan = _plan(tmp_path, train=train)
+        assert dict(plan.stages_of("train")[0].options).get("at_oversample_bound") == expected
 
 
 def test_simulate_prints_the_oversampling_cost(aspc):

@@ -11,7 +11,7 @@ import torch
 from aspc.backends.cpu.batching import make_batch, token_logprobs
 from aspc.backends.cpu.learner import Learner
 from aspc.rl.rollout import Rollout, TrainSettings
-from aspc.rl.losses import (aggregate, gae, group_advantages, off_policy_correction, policy_loss,
+from aspc.rl.losses import (Surrogate, aggregate, gae, group_advantages, off_policy_correction, policy_loss,
                                       step_divisor, value_loss, whiten)
 from aspc.backends.cpu.model import TinyQwen
 from aspc.ir.facts import ModelArch
@@ -207,8 +207,8 @@ def test_clip_fraction_honours_clip_high_and_the_advantage_sign(clip_high):
 
 
 def test_the_log_ratio_is_clamped_as_verl_does():
-    far = LOGP - 40  # exp(40) overflows nothing only because of the clamp
-    ours, _ = policy_loss(LOGP, far, None, -ADV.abs(), MASK, "ppo", 0.2, 0.2, 0.0)
+    far = LOGP - 40  # exp(40) overflows nothing only because of the clamp (dual-clip off: it would bound it)
+    ours, _ = policy_loss(LOGP, far, None, -ADV.abs(), MASK, "ppo", 0.2, 0.2, 0.0, surrogate=Surrogate(dual_clip=0))
     expected = (math.exp(20.0) * ADV.abs() * MASK).sum()
     assert float(ours) == pytest.approx(float(expected), rel=TOL)
 

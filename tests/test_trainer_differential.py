@@ -94,6 +94,13 @@ MODES = {
     "overlong": {"overlong": 4, "max_tokens": 8},
     "ppo-gae": {"loss": "ppo", "estimator": "gae", "normalize": True},
     "rloo-no-kl": {"estimator": "rloo", "normalize": False, "kl": 0.0},
+    "k1": {"kl_estimator": "k1"},
+    "k3-plus": {"kl_estimator": "k3_plus"},
+    "dual-clip": {"dual_clip": 1.2, "loss_agg": "token_mean"},
+    "gspo": {"ratio": "sequence"},
+    "seq-tis": {"mismatch": "seq_tis"},
+    "token-mis": {"mismatch": "token_mis", "mismatch_floor": 0.8, "mismatch_cap": 1.5},
+    "seq-mis-with-tis": {"mismatch": "seq_mis", "off_policy": "tis", "is_cap": 1.5},
 }
 
 
@@ -124,7 +131,9 @@ def plan_with(tmp_path, options: str, tp: int = 1):
 
 
 @pytest.mark.parametrize("options, tp, option", [("epochs = 2", 1, "epochs"),
-                                                 ("entropy_coef = 0.01", 2, "entropy_coef")])
+                                                 ("entropy_coef = 0.01", 2, "entropy_coef"),
+                                                 ("ratio = sequence, cp = 2", 1, "ratio"),
+                                                 ("mismatch = auto, cp = 2", 1, "mismatch")])
 def test_what_the_megatron_trainer_cannot_honour_is_refused_at_the_option(tmp_path, options, tp, option):
     def trainers(plan):  # on 4 CPUs the placement pass gives the reference a device of its own (refused too)
         return [r for r in AscendExecutors.unsupported(plan, runtime=None) if r.stage == "update"]

@@ -61,6 +61,7 @@ def recording(trainer, found: dict):
 def every_mode(rank: int, stage: dict) -> dict:
     """(mode, packing) -> the megatron trainer's step stats and gradients under Hugging Face names."""
     from aspc.backends.ascend.megatron_trainer import MegatronTrainer, SyncSetup
+    from aspc.rl.mismatch import MismatchCorrection
 
     base = settings_for(**NO_CLIP)
     t = MegatronTrainer(stage, {"pre_process": True, "post_process": True}, base, task_reward(base),
@@ -71,6 +72,7 @@ def every_mode(rank: int, stage: dict) -> dict:
     out = {}
     for mode, changes in MODES.items():
         t.settings = settings_for(**NO_CLIP, **changes)
+        t.correction, t.mismatch = MismatchCorrection(t.settings.mismatch), t._new_mismatch()
         t.task_reward = task_reward(t.settings)
         for packing, tokens in PACKINGS.items():
             t.stage["micro_batching"]["tokens"] = tokens
@@ -109,5 +111,10 @@ def test_the_real_megatron_trainer_gives_the_cpu_learners_loss_and_gradient(mega
     assert not npu["update_skipped"]
     # the training-inference mismatch (aspc/rl/mismatch.py): the same tokens compared, the same figures
     assert cpu["mismatch_tokens"] == npu["mismatch_tokens"] > 0
-    for key in ("mismatch_abs", "mismatch_max", "mismatch_kl"):
+    for key in ("mismatch_abs", "mismatch_max", "mismatch_kl", "mismatch_sequences_outside"):
+        assert npu[key] == pytest.approx(cpu[key], rel=1e-5, abs=1e-9), key
+    corrected = [k for k in ("mismatch_weight_mean", "mismatch_weight_max", "mismatch_weight_changed") if k in cpu]
+    assert bool(corrected) == (settings.mismatch != "none")
+    assert npu.get("mismatch_correction") == cpu.get("mismatch_correction")
+    for key in corrected:
         assert npu[key] == pytest.approx(cpu[key], rel=1e-5, abs=1e-9), key

@@ -229,10 +229,12 @@ def _best_layout_plans(file, overrides, schedules, compare: bool, pipeline) -> l
 
 
 def _simulate_plans(file, plans, steps: int) -> list:
-    """Each plan on the simulator, with a progress bar; a plan the runtime cannot execute, or a
-    simulation that stalls, is a clear error."""
+    """Each plan on the simulator, with a progress bar; a plan the runtime cannot execute, a run
+    that stops at its dynamic sampling bound (at_oversample_bound = stop) or a simulation that
+    stalls is a clear error."""
     from aspc.cli.backends import simulator_pricing
     from aspc.controller.config import UnsupportedPlan
+    from aspc.controller.dynamic_sampling import OversampleBoundReached
     from aspc.drivers.sim.driver import SimulationStalled
     from aspc.drivers.sim.result import simulate as run_simulation
 
@@ -244,6 +246,9 @@ def _simulate_plans(file, plans, steps: int) -> list:
                 results.append(run_simulation(plan, steps, simulator_pricing(plan), _advance(bar)))
             except UnsupportedPlan as error:
                 raise click.ClickException(f"{file}: cannot simulate: {error}") from None
+            except OversampleBoundReached as error:  # as the run would, on the assumed solve_rates
+                raise click.ClickException(f"{file}: the simulated run stops ({plan.schedule}, with the train "
+                                           f"stage's solve_rates): {error}") from None
             except SimulationStalled as error:
                 raise click.ClickException(f"{file}: {error}; please report it with this file") from None
     return results
@@ -312,6 +317,7 @@ def _simulate_baseline(baseline: _Baseline, steps: int) -> list:
 
     from aspc.cli.backends import simulator_pricing
     from aspc.controller.config import UnsupportedPlan
+    from aspc.controller.dynamic_sampling import OversampleBoundReached
     from aspc.drivers.sim.driver import SimulationStalled
     from aspc.drivers.sim.report import COLOCATED_SYNC
     from aspc.drivers.sim.result import simulate as run_simulation
@@ -320,7 +326,7 @@ def _simulate_baseline(baseline: _Baseline, steps: int) -> list:
         bar.set_description(COLOCATED_SYNC)
         try:
             result = run_simulation(baseline.plan, steps, simulator_pricing(baseline.plan), _advance(bar))
-        except UnsupportedPlan as error:
+        except (UnsupportedPlan, OversampleBoundReached) as error:
             baseline.reason = f"cannot simulate it: {error}"
             return []
         except SimulationStalled as error:

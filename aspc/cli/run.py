@@ -1,11 +1,12 @@
 """`aspc run`: progress bars, metrics files, the final report and user-facing errors.
 
 Exit codes: 0 the run finished (or a resumed run was already complete); 1 an error the user can
-fix (data, reward module, checkpoint, a checkpoint that could not be written, a worker that died),
-with one message; 130 Ctrl-C and 143 SIGTERM (128 + the signal, the shell's convention), each after
-the metrics of every finished step and, with --checkpoint, a checkpoint of the last one are saved.
-A worker process that died (the learner's) took its state with it: nothing is saved after it, and
-the message names the last intact checkpoint, the one --resume continues from.
+fix (data, reward module, checkpoint, a checkpoint that could not be written, a worker that died,
+a dynamic sampling step at its bound with at_oversample_bound = stop), with one message; 130 Ctrl-C
+and 143 SIGTERM (128 + the signal, the shell's convention), each after the metrics of every
+finished step and, with --checkpoint, a checkpoint of the last one are saved. A worker process
+that died (the learner's) took its state with it: nothing is saved after it, and the message
+names the last intact checkpoint, the one --resume continues from.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 import click
 
 from aspc.controller.config import UnsupportedPlan
+from aspc.controller.dynamic_sampling import OversampleBoundReached
 from aspc.plan.execution_plan import ExecutionPlan
 from aspc.accounting.measured import bubble_shares
 from aspc.drivers.local.runtime import LocalRuntime, RunOptions
@@ -113,7 +115,7 @@ def _train(request: RunRequest, plan: ExecutionPlan, executors: ExecutorsFactory
     try:
         with terminate:
             result = session.train()
-    except WorkerFailed as error:
+    except (WorkerFailed, OversampleBoundReached) as error:  # the finished steps are kept, and where is said
         where = _salvaged(session)
         raise click.ClickException(f"{request.file}: {error}{where}") from None
     except (*executors.user_errors, UnsupportedPlan) as error:

@@ -16,6 +16,8 @@ from pathlib import Path
 import click
 
 from aspc.cli.output import write_output
+from aspc.controller.config import UnsupportedPlan
+from aspc.controller.dynamic_sampling import OversampleBoundReached
 from aspc.frontend import ast
 from aspc.frontend.compiler import Compilation, compile_file, compile_source
 from aspc.frontend.diagnostics import AsplError, render_all
@@ -379,6 +381,8 @@ def _tune(file, compilation: Compilation, kind: str, confirm: int, steps: int,
         return tune(compilation, kind, confirm, steps, Path(file).parent, staleness=staleness, pins=pins)
     except PassError as error:
         raise click.ClickException(f"{file}: cannot choose a layout: {error}") from None
+    except (UnsupportedPlan, OversampleBoundReached) as error:  # as `aspc simulate` says it
+        raise click.ClickException(f"{file}: cannot simulate: {error}") from None
     except AsplError as error:  # a chosen layout that fails the front end's checks is a bug of the search
         text = render_all(error.diagnostics, {TUNED_SOURCE: ""})
         raise click.ClickException(f"{file}: the chosen layout does not pass the checks (please report it):\n"

@@ -59,6 +59,7 @@ class ControllerConfig:
     tool_workers: int = 0  # an environment's tool runners (its tool calls run on them); 0: no environment
     rebalance: RebalancePolicy | None = None  # runtime rebalancing (rebalance.py); None: off
     max_prompts: int = 0  # dynamic sampling: prompts one step may generate (dynamic_sampling.py); 0: off
+    stop_at_bound: bool = False  # dynamic sampling: a step at max_prompts ends the run instead of padding
     mini_batches: int = 1  # optimizer steps per generation phase (the train stage's mini_batches)
 
     def phase_start(self, step: int) -> int:
@@ -117,7 +118,8 @@ class ControllerConfig:
             forward_stages=forward, train_stage=train.name, max_response=data.max_response,
             executors=executors, gen_pool=gen.pool, checkpoint_every=checkpoint_every,
             tool_workers=dict(environments[0].options)["tool_workers"] if environments else 0,
-            max_prompts=max_prompts, rebalance=_rebalancing(plan),
+            max_prompts=max_prompts, stop_at_bound=dict(train.options).get("at_oversample_bound") == "stop",
+            rebalance=_rebalancing(plan),
             mini_batches=dict(train.options).get("mini_batches", 1))
 
 

@@ -46,7 +46,7 @@ class Controller:
         self.contexts: dict = {}  # an episode waiting on a tool -> the tokens of its sequence
         self.staleness: dict[int, int] = {}  # staleness (u - v) -> samples trained (a Counter counts 1.8x slower)
         self.used: set = set()  # samples delivered to training
-        self.filter = GroupFilter(config.prompts_per_step, config.group, config.max_prompts) \
+        self.filter = GroupFilter(config.prompts_per_step, config.group, config.max_prompts, config.stop_at_bound) \
             if config.filters_groups else None  # dynamic sampling (dynamic_sampling.py)
         self.finished = start_version >= config.steps  # resumed at the end: nothing to do
         self.rebalancer = Rebalancer(config.rebalance) if config.rebalance is not None else None

@@ -16,7 +16,9 @@ Decisions, per step:
   the step (`ceil(need / keep_rate) - pending`), within the bound;
 - a full step cancels its prompts still queued (all after its last admitted one), and samples of
   the step that finish later are dropped; a step that reached the bound with every group scored
-  is completed with its first all-equal groups (`padded`), so every step trains a full batch.
+  is completed with its first all-equal groups (`padded`), so every step trains a full batch, and
+  the run log says so (PaddingWarnings); or, with `at_oversample_bound = stop`, the run ends with
+  OversampleBoundReached, as verl's raises once it generated max_num_gen_batches batches.
 
 Pure bookkeeping: the controller asks and acts (aspc/controller/core.py); the drivers report the
 rewards of each scoring (`WorkFinished.rewards`).
@@ -25,9 +27,20 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 Group = tuple[int, int]  # (step, prompt)
+STOP_ADVICE = ("Raise max_oversample, check the reward and the prompts' difficulty (a group whose responses all "
+               "get one reward carries no signal), or set at_oversample_bound = pad to complete such steps with "
+               "all-equal groups")
+PAD_ADVICE = ("Raise max_oversample, check the reward, or set at_oversample_bound = stop to end the run at such "
+              "a step (as verl does)")
+
+
+class OversampleBoundReached(Exception):
+    """at_oversample_bound = stop: a step generated max_oversample x prompts_per_step prompts
+    without prompts_per_step groups with a signal; the run ends (a user error, said with what to do)."""
 
 
 @dataclass
@@ -51,8 +64,9 @@ class StepGroups:
 
 
 class GroupFilter:
-    def __init__(self, prompts_per_step: int, group: int, max_prompts: int):
+    def __init__(self, prompts_per_step: int, group: int, max_prompts: int, stop_at_bound: bool = False):
         self.prompts, self.group, self.max_prompts = prompts_per_step, group, max_prompts
+        self.stop_at_bound = stop_at_bound  # at_oversample_bound = stop: `padding` raises instead
         self.steps: dict[int, StepGroups] = {}
         self.rewards: dict[Group, dict[int, float | None]] = defaultdict(dict)  # summed over reward stages
         self.with_signal = 0  # groups scored with unequal rewards, over the run
@@ -115,15 +129,26 @@ class GroupFilter:
         return new
 
     def padding(self, step: int) -> list[int]:
-        """A step at the bound with every group scored: its first all-equal groups complete it."""
+        """A step at the bound with every group scored: its first all-equal groups complete it, or
+        (stop_at_bound) OversampleBoundReached ends the run."""
         s = self.steps[step]
         if s.full or s.released < self.max_prompts or s.generated > s.decided:
             return []
+        if self.stop_at_bound:
+            raise OversampleBoundReached(f"{self.at_bound(step)}; at_oversample_bound = stop ends the run here, as "
+                                         f"verl's DAPO trainer does at max_num_gen_batches. {STOP_ADVICE}")
         take = sorted(s.uniform)[:self.prompts - len(s.admitted)]
         s.padded += take
         s.admitted += take
         s.full = True
         return take
+
+    def at_bound(self, step: int) -> str:
+        """What a step at its bound lacks, in words (for the error and the warning)."""
+        s = self.steps[step]
+        return (f"step {step + 1} reached the dynamic sampling bound: it generated {s.generated} prompts "
+                f"(max_oversample x prompts_per_step) and only {len(s.signal)} of their groups had rewards that "
+                f"differ, of the {self.prompts} a step trains")
 
     def full(self, step: int) -> bool:
         s = self.steps.get(step)
@@ -142,3 +167,23 @@ class GroupFilter:
             return {}
         return {"oversample": round(s.generated / self.prompts, 4), "filtered_groups": len(s.uniform) - len(s.padded),
                 "padded_groups": len(s.padded)}
+
+
+class PaddingWarnings:
+    """The run log's word on steps padded at the bound: the first in full, then a count at the 2nd,
+    4th, 8th ... such step (a run that pads every step gets a few lines, not one a step)."""
+
+    def __init__(self, warn: Callable[[str], None]):
+        self.warn, self.padded_steps = warn, 0
+
+    def record(self, groups: GroupFilter, step: int) -> None:
+        s = groups.steps.get(step)
+        if s is None or not s.padded:
+            return
+        self.padded_steps += 1
+        if self.padded_steps == 1:
+            self.warn(f"warning: {groups.at_bound(step)}; {len(s.padded)} all-equal groups completed it "
+                      f"(padded_groups), and they teach nothing. {PAD_ADVICE}")
+        elif self.padded_steps & (self.padded_steps - 1) == 0:  # a power of two
+            self.warn(f"warning: {self.padded_steps} steps so far were completed with all-equal groups at the "
+                      f"max_oversample bound (step {step + 1}: {len(s.padded)} of {groups.prompts})")

@@ -180,6 +180,20 @@ LOSS_OPTIONS = (
                "tokens above it", lo=1),
     OptionSpec("value_clip", "float", 0.0, "PPO value clipping: predictions held within this of the critic "
                "stage's values (0: off)", lo=0),
+    OptionSpec("kl_estimator", "enum", "k3", "the KL penalty's estimator (Schulman): k1 log-ratio, k2 half its "
+               "square, k3 (verl's low_var_kl, clamped), k3_plus (verl's k3+) k3's value with k2's gradient",
+               choices=("k1", "k2", "k3", "k3_plus")),
+    OptionSpec("dual_clip", "float", 3.0, "dual-clip PPO (Ye et al. 2020, verl's clip_ratio_c): a token of "
+               "negative advantage loses at most dual_clip x |A|; above 1, or 0: off", lo=0),
+    OptionSpec("ratio", "enum", "token", "the importance ratio: token (PPO), or sequence (GSPO: each "
+               "sequence's geometric-mean ratio on its every token)", choices=("token", "sequence")),
+    OptionSpec("mismatch", "enum", "none", "correction of the engine/trainer mismatch on samples the trained "
+               "weights generated: token_tis, seq_tis (truncated IS), token_mis, seq_mis (masked IS), auto "
+               "(chosen each step from the measured mismatch)",
+               choices=("none", "token_tis", "seq_tis", "token_mis", "seq_mis", "auto")),
+    OptionSpec("mismatch_cap", "float", 2.0, "the mismatch weight's upper bound: tis truncates at it, mis "
+               "masks above it", lo=1),
+    OptionSpec("mismatch_floor", "float", 0.5, "mis masks mismatch weights below it", lo=0, hi=1, lo_open=True),
 )
 STAGES: dict[str, dict[str, OptionSpec]] = {
     "generate": _opts(
@@ -259,8 +273,12 @@ STAGES: dict[str, dict[str, OptionSpec]] = {
                    "rewards are all equal never reach the loss; more prompts are generated until the step has "
                    "prompts_per_step groups with a signal"),
         OptionSpec("max_oversample", "float", DERIVED, "filter_groups: most prompts one step generates, in "
-                   "prompts_per_step (verl's max_num_gen_batches); at the bound the batch is completed with "
-                   "all-equal groups; default: 4", lo=1),
+                   "prompts_per_step (verl's max_num_gen_batches); what a step at the bound does: "
+                   "at_oversample_bound; default: 4", lo=1),
+        OptionSpec("at_oversample_bound", "enum", "pad", "filter_groups: a step that reaches max_oversample "
+                   "without prompts_per_step groups with a signal is completed with all-equal groups (pad, with a "
+                   "warning) or ends the run with an error (stop, as verl past max_num_gen_batches)",
+                   choices=("pad", "stop")),
         OptionSpec("solve_rates", "call", DERIVED, "filter_groups, for simulation: how often a prompt's responses "
                    "earn the reward (a group is all-equal with chance p^group + (1-p)^group); default: "
                    "beta(a = 0.5, b = 0.5)", choices=("beta",)),

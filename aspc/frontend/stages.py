@@ -199,15 +199,18 @@ def _train_options(decl, values: OptionValues, options: dict, sink) -> dict | No
 
 
 # dynamic sampling (aspc/controller/dynamic_sampling.py)
-FILTER_OPTIONS = ("filter_groups", "max_oversample", "solve_rates")
+FILTER_OPTIONS = ("filter_groups", "max_oversample", "solve_rates", "at_oversample_bound")
 DEFAULT_SOLVE_RATES = Call("beta", (("a", 0.5), ("b", 0.5)))  # an assumption, said in docs/language.md
 
 
 def _filter_groups_options(values: OptionValues, options: dict, sink) -> dict | None:
-    """Dynamic sampling's options are in the IR only when it is on (plans without it are unchanged)."""
+    """Dynamic sampling's options are in the IR only when it is on (plans without it are unchanged),
+    at_oversample_bound only when it stops (plans that pad are unchanged)."""
     if options["filter_groups"]:
         options["max_oversample"] = 4.0 if options["max_oversample"] is None else options["max_oversample"]
         options["solve_rates"] = options["solve_rates"] or DEFAULT_SOLVE_RATES
+        if options["at_oversample_bound"] == "pad":
+            del options["at_oversample_bound"]
         return options
     for name in FILTER_OPTIONS[1:]:
         if values.given(name):
@@ -220,14 +223,38 @@ def _filter_groups_options(values: OptionValues, options: dict, sink) -> dict | 
 def _loss_options(values: OptionValues, options: dict, sink) -> dict | None:
     """The loss options stay in the IR only where written (plans without them are unchanged); one
     that would have no effect is refused."""
-    if values.given("is_cap") and options["off_policy"] == "clip":
-        sink.error(values.spans["is_cap"], "'is_cap' has no effect with off_policy = clip",
-                   "remove it, or set off_policy = tis or decoupled")
+    for name, problem, fix in _loss_option_problems(values, options):
+        sink.error(values.spans[name], problem, fix)
         return None
     for spec in schema.LOSS_OPTIONS:
         if not values.given(spec.name):
             del options[spec.name]
     return options
+
+
+def _loss_option_problems(values: OptionValues, options: dict) -> list[tuple[str, str, str]]:
+    """(option, what is wrong, what to do) for each loss option written where it has no effect."""
+    given = {name for name in ("is_cap", "kl_estimator", "dual_clip", "mismatch_cap", "mismatch_floor")
+             if values.given(name)}
+    found = []
+    if "is_cap" in given and options["off_policy"] == "clip":
+        found.append(("is_cap", "'is_cap' has no effect with off_policy = clip",
+                      "remove it, or set off_policy = tis or decoupled"))
+    if "kl_estimator" in given and not options["kl"]:
+        found.append(("kl_estimator", "'kl_estimator' has no effect with kl = 0", "remove it, or set kl"))
+    if "dual_clip" in given and 0 < options["dual_clip"] <= 1:
+        found.append(("dual_clip", f"dual_clip = {options['dual_clip']} would bound the loss below the clipped "
+                      "one: it must be above 1", "set it above 1 (verl's default is 3), or 0 to turn it off"))
+    if "dual_clip" in given and options["ratio"] == "sequence":
+        found.append(("dual_clip", "'dual_clip' has no effect with ratio = sequence (GSPO has no dual clip)",
+                      "remove it, or set ratio = token"))
+    if "mismatch_cap" in given and options["mismatch"] == "none":
+        found.append(("mismatch_cap", "'mismatch_cap' has no effect with mismatch = none",
+                      "remove it, or set mismatch"))
+    if "mismatch_floor" in given and options["mismatch"] not in ("token_mis", "seq_mis", "auto"):
+        found.append(("mismatch_floor", f"'mismatch_floor' has no effect with mismatch = {options['mismatch']}: "
+                      "only masked IS has a floor", "remove it, or set mismatch = token_mis, seq_mis or auto"))
+    return found
 
 
 def _advantage_options(values: OptionValues, options: dict, sink) -> dict | None:

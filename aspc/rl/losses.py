@@ -1,7 +1,8 @@
-"""Advantages and losses: GRPO, PPO (clipped, with GAE and a clipped value loss) and DAPO (decoupled
-clip, token-level aggregation, overlong shaping), a KL penalty to the reference, an entropy bonus,
-and off-policy correction of stale samples (truncated importance sampling, or AReaL's decoupled
-objective with a proximal policy).
+"""Advantages and losses: GRPO, PPO (clipped, dual-clipped, with GAE and a clipped value loss), DAPO
+(decoupled clip, token-level aggregation, overlong shaping) and GSPO's sequence ratio, a KL penalty
+to the reference (k1, k2, k3), an entropy bonus, and off-policy correction of stale samples
+(truncated importance sampling, or AReaL's decoupled objective with a proximal policy); the
+correction of the engine/trainer mismatch is aspc/rl/mismatch.py's.
 
 Each loss here is a micro-batch *sum*; `step_divisor` is what the trainer divides the step's summed
 gradients by, so that accumulation over micro-batches and streamed units is exact.
@@ -17,6 +18,8 @@ LOG_RATIO_BOUND = 20.0  # verl compute_policy_loss_vanilla: log(pi / pi_old) cla
 K3_BOUND = 10.0  # verl kl_penalty_forward ("low_var_kl", "k3"): log(ref / pi) clamped to +-20, k3 to +-10
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 OFF_POLICY = ("clip", "tis", "decoupled")
+KL_ESTIMATORS = ("k1", "k2", "k3", "k3_plus")  # verl kl_penalty's "k1", "k2", "low_var_kl", "k3+"
+GSPO_LOG_RATIO_MAX = 10.0  # verl compute_policy_loss_gspo: the sequence log-ratio clamped above at 10
 # The train options the IR leaves out at their defaults (aspc/frontend/schema.py says the same;
 # tests/test_off_policy.py checks that both agree). loss_agg: None = by loss (default_aggregation).
 class LossDefaults(TypedDict):
@@ -24,9 +27,17 @@ class LossDefaults(TypedDict):
     off_policy: str
     is_cap: float
     value_clip: float
+    kl_estimator: str
+    dual_clip: float
+    ratio: str
+    mismatch: str
+    mismatch_cap: float
+    mismatch_floor: float
 
 
-LOSS_DEFAULTS: LossDefaults = {"loss_agg": None, "off_policy": "clip", "is_cap": 2.0, "value_clip": 0.0}
+LOSS_DEFAULTS: LossDefaults = {"loss_agg": None, "off_policy": "clip", "is_cap": 2.0, "value_clip": 0.0,
+                               "kl_estimator": "k3", "dual_clip": 3.0, "ratio": "token", "mismatch": "none",
+                               "mismatch_cap": 2.0, "mismatch_floor": 0.5}
 
 
 class NonFiniteError(ValueError):
@@ -108,12 +119,29 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, aggregation: str,
         return (masked / counts.clamp(min=1)).sum()
     if segments is None:
         return (masked.sum(-1) / mask.sum(-1).clamp(min=1)).sum()
-    rows = torch.arange(len(segments), device=segments.device)[:, None]
-    ids = (segments + rows * (int(segments.max()) + 1)).flatten()  # a row's sequences apart from another row's
-    count = int(ids.max()) + 1
-    sums = torch.zeros(count, dtype=masked.dtype, device=masked.device).index_add(0, ids, masked.flatten())
-    tokens = torch.zeros(count, dtype=mask.dtype, device=mask.device).index_add(0, ids, mask.flatten())
+    sums, tokens, _ = sequence_totals(per_token, mask, segments)
     return (sums / tokens.clamp(min=1)).sum()
+
+
+def sequence_totals(values: torch.Tensor, mask: torch.Tensor, segments: torch.Tensor | None = None) -> tuple:
+    """Per sequence, the sum of `values * mask` and of `mask` ([sequences]), and each position's
+    sequence index ([rows * positions]): a row is one sequence, or with `segments` (packed rows: the
+    sequence index of each position, [R, T]) its sequences apart from another row's."""
+    rows = torch.arange(len(values), device=values.device)[:, None]
+    if segments is None:
+        ids, count = rows.expand(values.shape).flatten(), len(values)
+    else:
+        ids = (segments + rows * (int(segments.max()) + 1)).flatten()
+        count = int(ids.max()) + 1
+    sums = torch.zeros(count, dtype=values.dtype, device=values.device).index_add(0, ids, (values * mask).flatten())
+    tokens = torch.zeros(count, dtype=mask.dtype, device=mask.device).index_add(0, ids, mask.flatten())
+    return sums, tokens, ids
+
+
+def sequence_sums(values: torch.Tensor, mask: torch.Tensor, segments: torch.Tensor | None = None) -> tuple:
+    """At each position, the sum of `values * mask` over its sequence, and the sequence's masked tokens."""
+    sums, tokens, ids = sequence_totals(values, mask, segments)
+    return sums[ids].view_as(values), tokens[ids].view_as(values)
 
 
 def step_divisor(aggregation: str, sequences: int, tokens: int, max_tokens: int) -> float:
@@ -151,27 +179,64 @@ def off_policy_correction(proximal: torch.Tensor, rollout: torch.Tensor, mode: s
     return Correction(proximal, weights, raw, capped)
 
 
+@dataclass(frozen=True)
+class Surrogate:
+    """The surrogate's form beyond its clip range (the train stage's options; LOSS_DEFAULTS)."""
+
+    dual_clip: float = LOSS_DEFAULTS["dual_clip"]  # 0: off; else the bound on -A r for A < 0 (> 1)
+    ratio: str = LOSS_DEFAULTS["ratio"]  # token (PPO) | sequence (GSPO)
+    kl_estimator: str = LOSS_DEFAULTS["kl_estimator"]
+
+
 def policy_loss(logp, old_logp, ref_logp, advantages, mask, loss: str, clip: float, clip_high: float,
                 kl: float, aggregation: str | None = None, weights=None, segments=None,
-                counts=None) -> tuple[torch.Tensor, dict]:
-    """Summed (not averaged) clipped-surrogate loss of a micro-batch, with the k3 KL penalty; the
+                counts=None, surrogate: Surrogate | None = None) -> tuple[torch.Tensor, dict]:
+    """Summed (not averaged) clipped-surrogate loss of a micro-batch, with the KL penalty; the
     trainer divides by `step_divisor`. All tensors are [B, T] over response tokens; mask is 1 on
-    real tokens; `weights` (off-policy correction) multiply the surrogate, not the KL term;
-    `segments`, `counts`: packed rows' sequence indices, a sequence's counted tokens (aggregate).
-    Trainers call it through objective.micro_batch_loss."""
-    ratio = torch.exp(torch.clamp(logp - old_logp, -LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+    real tokens; `weights` (off-policy and mismatch corrections) multiply the surrogate, not the KL
+    term; `segments`, `counts`: packed rows' sequence indices, a sequence's counted tokens (aggregate);
+    `surrogate`: dual-clip, token or sequence ratio, KL estimator. Trainers call it through
+    objective.micro_batch_loss."""
+    form = surrogate or Surrogate()
+    ratio = (sequence_ratio(logp, old_logp, mask, segments) if form.ratio == "sequence"
+             else torch.exp(torch.clamp(logp - old_logp, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)))
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1 - clip, 1 + clip_high) * advantages
     per_token = -torch.minimum(unclipped, clipped)
+    if form.dual_clip and form.ratio == "token":  # verl compute_policy_loss_vanilla's clip_ratio_c
+        per_token = torch.where(advantages < 0, torch.minimum(per_token, -advantages * form.dual_clip), per_token)
     if weights is not None:
         per_token = per_token * weights
     if kl > 0 and ref_logp is not None:
-        per_token = per_token + kl * k3(logp, ref_logp)
+        per_token = per_token + kl * kl_estimate(logp, ref_logp, form.kl_estimator)
     total = aggregate(per_token, mask, aggregation or default_aggregation(loss), segments, counts)
     # the clip acts (zero gradient) where the clipped term is the smaller: a > 0 above 1 + clip_high,
     # a < 0 below 1 - clip (verl pg_clipfrac, TRL is_low_clipped | is_high_clipped)
     clipped_tokens = float(((clipped < unclipped).float() * mask).sum())
     return total, {"clip_fraction": clipped_tokens / max(float(mask.sum()), 1.0), "clipped_tokens": clipped_tokens}
+
+
+def sequence_ratio(logp, old_logp, mask, segments=None) -> torch.Tensor:
+    """GSPO's ratio (Zheng et al. 2025, verl compute_policy_loss_gspo): at each token the sequence's
+    geometric-mean ratio exp(mean_t log(pi / pi_old)), detached, times pi / sg(pi), so that every
+    token of a sequence shares one ratio and its gradient is the token's; clamped above at e^10."""
+    sums, tokens = sequence_sums(logp.detach() - old_logp, mask, segments)
+    log_ratio = logp - logp.detach() + sums / tokens.clamp(min=1)
+    return torch.exp(torch.clamp(log_ratio, max=GSPO_LOG_RATIO_MAX))
+
+
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Schulman's estimates of KL(pi || ref) per token (verl kl_penalty): k1 = log pi - log ref,
+    k2 = (log pi - log ref)^2 / 2, k3 (clamped: k3()); k3_plus has k3's value and k2's gradient, which
+    is the unbiased gradient of the KL (verl's straight-through "k3+")."""
+    if estimator == "k1":
+        return logp - ref_logp
+    k2 = 0.5 * (logp - ref_logp).square()
+    if estimator == "k2":
+        return k2
+    if estimator == "k3_plus":
+        return k2 - k2.detach() + k3(logp, ref_logp).detach()
+    return k3(logp, ref_logp)
 
 
 def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

@@ -57,6 +57,12 @@ class TrainSettings:
     off_policy: str = LOSS_DEFAULTS["off_policy"]  # clip | tis | decoupled
     is_cap: float = LOSS_DEFAULTS["is_cap"]
     value_clip: float = LOSS_DEFAULTS["value_clip"]  # 0: off
+    kl_estimator: str = LOSS_DEFAULTS["kl_estimator"]  # k1 | k2 | k3 | k3_plus
+    dual_clip: float = LOSS_DEFAULTS["dual_clip"]  # 0: off
+    ratio: str = LOSS_DEFAULTS["ratio"]  # token | sequence (GSPO)
+    mismatch: str = LOSS_DEFAULTS["mismatch"]  # aspc/rl/mismatch.py's MODES
+    mismatch_cap: float = LOSS_DEFAULTS["mismatch_cap"]
+    mismatch_floor: float = LOSS_DEFAULTS["mismatch_floor"]
     temperature: float = 1.0  # the sampling temperature: log-probs are of the logits over it
 
     @property

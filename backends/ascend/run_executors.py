@@ -47,6 +47,7 @@ from aspc.controller.episodes import MASKED, EpisodePolicy
 from aspc.rl import checkpoint
 from aspc.rl.checkpoint import CheckpointError
 from aspc.rl.data import DataError
+from aspc.rl.mismatch import SEQUENCE_MODES
 from aspc.rl.host import RunHost
 from aspc.rl.rewards import RewardError
 from aspc.rl.rollout import TrainSettings
@@ -451,6 +452,24 @@ def trainer_refusals(stage) -> list[StageRefusal]:
         found.append(StageRefusal(stage.name, f"stage '{stage.name}': an entropy bonus needs the whole vocabulary's "
                                               f"logits, and tp = {stage.parallel.tp} splits them across ranks",
                                   "set entropy_coef = 0, or tp = 1", "entropy_coef"))
+    return found + _sequence_level_refusals(stage, options)
+
+
+def _sequence_level_refusals(stage, options: dict) -> list[StageRefusal]:
+    """A sequence-level ratio (GSPO) or mismatch correction (seq_tis, seq_mis, auto) sums over a
+    sequence's every token; context parallelism splits each sequence across ranks."""
+    if stage.parallel.cp == 1:
+        return []
+    found = []
+    if options.get("ratio") == "sequence":
+        found.append(StageRefusal(stage.name, f"stage '{stage.name}': ratio = sequence needs each sequence's every "
+                                              f"token on one rank, and cp = {stage.parallel.cp} splits it",
+                                  "set cp = 1, or ratio = token", "ratio"))
+    if options.get("mismatch") in SEQUENCE_MODES:
+        found.append(StageRefusal(stage.name, f"stage '{stage.name}': mismatch = {options['mismatch']} needs each "
+                                              f"sequence's every token on one rank, and cp = {stage.parallel.cp} "
+                                              "splits it", "set cp = 1, or mismatch = token_tis or token_mis",
+                                  "mismatch"))
     return found
 
 

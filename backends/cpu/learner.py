@@ -17,7 +17,7 @@ from aspc.backends.cpu.batching import prompt_groups, shared_prompt_batch, token
 from aspc.backends.cpu.generator import PolicyWeights
 from aspc.backends.cpu.model import published_state
 from aspc.rl.losses import NonFiniteError, step_divisor, value_loss
-from aspc.rl.mismatch import Mismatch
+from aspc.rl.mismatch import Mismatch, MismatchCorrection
 from aspc.rl.objective import TokenTerms, micro_batch_loss
 from aspc.rl.rollout import Rollout, Shaping, TaskReward, TrainSettings, token_advantages
 from aspc.algorithms.packing import first_fit_decreasing
@@ -33,7 +33,8 @@ class Learner:
         self.critic_optimizer = None if critic is None else torch.optim.AdamW(critic.parameters(),
                                                                               lr=settings.critic_lr)
         self.shaped = settings.overlong > 0  # DAPO's overlong shaping (any loss)
-        self.step_stats = _StepStats(self.shaped)
+        self.correction = MismatchCorrection(settings.mismatch)  # the mode of this step (auto: chosen per step)
+        self.step_stats = self._new_stats()
         self.version = 0  # optimizer steps taken: the version of the weights it publishes next
 
     # ---- forward stages ----
@@ -65,17 +66,19 @@ class Learner:
                 mask = mask * _pad([r.loss_mask for r in chunk], batch.width)
             logp, entropy = token_logprobs(self.actor, batch, self.s.temperature)
             ref = _pad([r.ref_logprobs for r in chunk], batch.width) if chunk[0].ref_logprobs is not None else None
+            fresh = torch.tensor([[float(r.policy_version == self.version)] for r in chunk]).expand_as(mask)
             terms = TokenTerms(logp, _pad([r.behaviour_logprobs for r in chunk], batch.width),
-                               _pad([token_adv[i] for i in chunk_idx], batch.width), mask, ref, entropy)
-            found = micro_batch_loss(terms, self.s)
+                               _pad([token_adv[i] for i in chunk_idx], batch.width), mask, ref, entropy, fresh=fresh)
+            found = micro_batch_loss(terms, self.s, self.correction.mode)
             self._require_finite_loss(float(found.loss.detach()), "policy", chunk)
             found.loss.backward()
             if self.critic is not None:
                 self.step_stats.value_loss += self._value_loss(chunk, batch, mask, [returns[i] for i in chunk_idx])
             self.step_stats.add(chunk, float(found.loss.detach()), found.tokens, found.clipped_tokens)
             self.step_stats.add_weights([self.version - r.policy_version for r in chunk], found.correction, mask)
-            same = [r.policy_version == self.version for r in chunk]
-            self.step_stats.mismatch.add(logp, terms.rollout_logp, mask, same)
+            self.step_stats.mismatch.add(logp, terms.rollout_logp, mask * fresh)
+            if found.mismatch is not None:
+                self.step_stats.mismatch.add_weights(found.mismatch)
 
     def _advantages(self, rollouts: list[Rollout]):
         return token_advantages(rollouts, self.s)
@@ -135,10 +138,14 @@ class Learner:
         if self.critic is not None:
             _apply(self.critic_optimizer)
         norm = norms["actor"]
-        summary = stats.summary(scale, self.critic is not None) | {"grad_norm": norm}
-        self.step_stats = _StepStats(self.shaped)
+        summary = stats.summary(scale, self.critic is not None, self.correction.reported) | {"grad_norm": norm}
+        self.correction.after_step(stats.mismatch.counts)
+        self.step_stats = self._new_stats()
         self.version += 1
         return summary
+
+    def _new_stats(self) -> _StepStats:
+        return _StepStats(self.shaped, Mismatch(self.s.mismatch_cap, self.s.mismatch_floor))
 
     def snapshot(self) -> PolicyWeights:
         return PolicyWeights(self.version, published_state(self.actor))
@@ -192,7 +199,7 @@ def reference_logprobs(model, rollouts: list[Rollout], settings: TrainSettings) 
 
 
 class _StepStats:
-    def __init__(self, shaped: bool = False):
+    def __init__(self, shaped: bool = False, mismatch: Mismatch | None = None):
         self.sequences = self.tokens = 0
         self.loss = self.clipped = self.value_loss = 0.0  # sums over the step's micro-batches
         self.weights: dict[int, list[float]] = {}  # staleness -> [weight sum, tokens, capped tokens]
@@ -203,7 +210,7 @@ class _StepStats:
         self.responses: set[int] = set()  # hashes of the step's distinct responses
         self.failed = 0  # samples whose score failed (masked, with the fallback reward)
         self.episodes: list[dict] = []  # agentic episodes trained this step
-        self.mismatch = Mismatch()  # the engine's log-probs against the trainer's (aspc/rl/mismatch.py)
+        self.mismatch = mismatch or Mismatch()  # the engine's log-probs against the trainer's (aspc/rl/mismatch.py)
 
     def add(self, chunk, loss: float, tokens: float, clipped_tokens: float) -> None:
         self.sequences += len(chunk)
@@ -226,15 +233,16 @@ class _StepStats:
             total[1] += float(mask[row].sum())
             total[2] += float(capped[row].sum())
 
-    def summary(self, divisor: float, critic: bool) -> dict:
-        """`loss`: the loss the step optimised (its gradient is the one applied)."""
+    def summary(self, divisor: float, critic: bool, correction: str | None = None) -> dict:
+        """`loss`: the loss the step optimised (its gradient is the one applied); `correction`: the
+        mismatch correction the step used."""
         n, scored = max(self.sequences, 1), max(len(self.rewards), 1)  # the reward: of scored samples
         shaped = {"shaped_reward": sum(self.shaped_rewards) / scored} if self.shaped else {}
         failed = {"score_failed": self.failed} if self.failed else {}
         value = {"value_loss": self.value_loss / max(self.tokens, 1)} if critic else {}
         return {"reward": sum(self.rewards) / scored, **shaped, "response_len": sum(self.lengths) / n,
                 "loss": self.loss / divisor, **value, "clip_fraction": self.clipped / max(self.tokens, 1),
-                "samples": self.sequences, **failed, **self._weight_metrics(), **self.mismatch.metrics(),
+                "samples": self.sequences, **failed, **self._weight_metrics(), **self.mismatch.metrics(correction),
                 **episode_metrics(self.episodes),
                 **self._spread()}
 

@@ -16,6 +16,7 @@ from typing import assert_never
 
 from aspc.accounting.measured import bubble_shares
 from aspc.controller import Controller, ControllerConfig
+from aspc.controller.dynamic_sampling import PaddingWarnings
 from aspc.controller.health import ConstantReward, ToolHealth
 from aspc.controller.events import (Action, Checkpoint, Dispatch, Finished, InstanceIdle, MoveInstance, OptimizerStep,
                                     PoolSwitched, PublishWeights, RestartInstance, ResumeEpisode, RunTool, RunWork,
@@ -125,6 +126,7 @@ class LocalRuntime:
                                                      self.events, self.clock, self.calls))
         self.tool_health = ToolHealth(self._warn)
         self.constant_reward = ConstantReward(self._warn)
+        self.padding_warnings = PaddingWarnings(self._warn)
         self.tool_workers = [ToolWorker(k, self.executors.tools(), self.calls, self.tool_results, self.lock,
                                         self.events, self.clock, self.tool_health)
                              for k in range(self.config.tool_workers)]
@@ -425,6 +427,7 @@ class LocalRuntime:
             metrics["checkpoint_s"] = round(self.learner_worker.take_save_seconds(), 3)
         if self.controller.filter is not None:  # dynamic sampling: the extra generation it took
             metrics.update(self.controller.filter.metrics(step))
+            self.padding_warnings.record(self.controller.filter, step)
         previous = self.result.metrics[-1]["wall_s"] if self.result.metrics else 0.0
         tokens = metrics.get("samples", 0) * metrics.get("response_len", 0)
         metrics["tokens_per_s"] = round(tokens / max(wall - previous, 1e-9), 1)
