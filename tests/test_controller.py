@@ -38,7 +38,7 @@ def configs(draw):
         policy=draw(st.sampled_from(["queue_aware", "least_requests", "round_robin"])),
         group_affinity=draw(st.booleans()), stream_micro=draw(st.sampled_from([None, 1, 2, 6])),
         partial_rollout=draw(st.integers(0, 2)), forward_stages=forward, train_stage="update", max_response=64,
-        executors=executors(forward, time_shared), gen_pool="gpus")
+        executors=executors(forward, time_shared), gen_pool="gpus", train_whole_step=draw(st.booleans()))
 
 
 class RandomDriver:
@@ -49,6 +49,7 @@ class RandomDriver:
         self.config, self.fail_rate = config, fail_rate
         self.controller = Controller(config, lambda step, prompt: 8 + prompt)
         self.events, self.trained = [], Counter()
+        self.generated: set = set()  # samples whose finish the controller was told
 
     def act(self, actions):
         for a in actions:
@@ -58,6 +59,7 @@ class RandomDriver:
                 self.events.append(WorkFinished(a.work.id))
                 if a.work.kind == "train":
                     self.trained.update(a.work.samples)
+                    self._require_whole_step(a.work.step)
             elif isinstance(a, OptimizerStep):
                 self.events.append(OptimizerDone(a.step))
             elif isinstance(a, PublishWeights):
@@ -68,6 +70,12 @@ class RandomDriver:
                 self.events.append(WeightsLoaded(a.instance, a.version))
             elif isinstance(a, RestartInstance):
                 self.events.append(InstanceRecovered(a.instance))
+
+    def _require_whole_step(self, step: int) -> None:
+        """train_whole_step: no unit of a step trains before every sample of the step is generated."""
+        if self.config.train_whole_step:
+            c = self.config
+            assert {(step, p, g) for p in range(c.prompts_per_step) for g in range(c.group)} <= self.generated
 
     def run(self):
         self.act(self.controller.handle(Start()))
@@ -80,6 +88,8 @@ class RandomDriver:
             if self.fail_rate and self.rng.random() < self.fail_rate:
                 self.events.append(InstanceFailed(self.rng.randrange(self.config.instances)))
             event = self.events.pop(self.rng.randrange(len(self.events)))
+            if isinstance(event, SampleFinished):
+                self.generated.add(event.sample)
             self.act(self.controller.handle(event))
             if self.config.policy == "queue_aware":
                 assert self.controller.idle_while_others_queue() == []

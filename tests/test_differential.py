@@ -43,8 +43,9 @@ PLANS = {"time_shared": {}, "time_shared_carried": _CARRIED, "mini_batched": _MI
          "reward_on_learner": _REWARD_ON_LEARNER, "reference_on_rollout": _REFERENCE_ON_ROLLOUT,
          "agentic": {}, "agentic_contended": _CONTENDED,
          "agentic_timeouts": _TIMEOUTS, "filtered": _FILTERED,
-         "filtered_disaggregated": {**_DISAGGREGATED, **_FILTERED}}
-BASES = {"agentic": "tiny_agentic", "agentic_contended": "tiny_agentic", "agentic_timeouts": "tiny_agentic"}
+         "filtered_disaggregated": {**_DISAGGREGATED, **_FILTERED}, "ppo_whitened_over_the_step": {}}
+BASES = {"agentic": "tiny_agentic", "agentic_contended": "tiny_agentic", "agentic_timeouts": "tiny_agentic",
+         "ppo_whitened_over_the_step": "tiny_ppo"}
 
 
 def _plan(tmp_path, name: str, schedule: str, replacements: dict | None = None):

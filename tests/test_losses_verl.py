@@ -4,19 +4,21 @@ estimators (core_algos.kl_penalty), dual-clip PPO (compute_policy_loss_vanilla's
 GSPO's sequence ratio (compute_policy_loss_gspo), and the mismatch corrections, token and sequence
 truncated and masked IS (rollout_corr_helper.compute_rollout_correction_and_rejection_mask, its
 weights then multiplying compute_policy_loss_vanilla's losses: verl's decoupled mode) -- values
-and gradients. Skipped where verl is not installed, unless ASPC_REQUIRE_PEERS=1 (.ci/run), where
+and gradients -- and the KL in the reward (compute_rewards, then compute_gae_advantage_return or
+compute_grpo_outcome_advantage). Skipped where verl is not installed, unless ASPC_REQUIRE_PEERS=1 (.ci/run), where
 that fails."""
 from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
 from aspc.rl.losses import Surrogate, kl_estimate, policy_loss, step_divisor
 from aspc.rl.mismatch import mismatch_weights
 from aspc.rl.objective import TokenTerms, micro_batch_loss
-from aspc.rl.rollout import TrainSettings
+from aspc.rl.rollout import Rollout, TrainSettings, token_advantages
 
 try:
     from verl.trainer.ppo import core_algos, rollout_corr_helper
@@ -60,9 +62,10 @@ def gradient(loss, x):
 
 
 def settings(**options) -> TrainSettings:
-    return TrainSettings(loss="ppo", lr=1e-3, kl=0.0, clip=0.2, clip_high=0.28, value_coef=0.5, entropy_coef=0.0,
-                         micro_tokens=64, weight_decay=0.0, grad_clip=0.0, overlong=0, max_tokens=8, estimator="grpo",
-                         gamma=1.0, lam=1.0, normalize=True, group=2, **options)
+    base = dict(loss="ppo", lr=1e-3, kl=0.0, clip=0.2, clip_high=0.28, value_coef=0.5, entropy_coef=0.0,
+                micro_tokens=64, weight_decay=0.0, grad_clip=0.0, overlong=0, max_tokens=8, estimator="grpo",
+                gamma=1.0, lam=1.0, normalize=True, group=2)
+    return TrainSettings(**(base | options))
 
 
 # ---- KL -----------------------------------------------------------------------------------------
@@ -191,3 +194,42 @@ def test_stale_samples_keep_the_off_policy_correction_and_fresh_ones_take_the_mi
     assert float(mixed.loss) == pytest.approx(rows_loss([0, 2], "seq_tis") + rows_loss([1, 3], "none"), abs=TOL)
     assert rows_loss([0, 2], "seq_tis") != pytest.approx(rows_loss([0, 2], "none"), abs=1e-3)
     assert float((mixed.mismatch.changed * (1 - fresh)).sum()) == 0  # no stale token counts as corrected
+
+
+# ---- KL in the reward ---------------------------------------------------------------------------
+SCORES = [1.0, 0.0, 0.5, 1.0]
+VALUES = torch.rand(4, 5, generator=G, dtype=torch.float64)
+
+
+def _rollouts() -> list[Rollout]:
+    return [Rollout([1], [2] * n, LOGP[i, :n].tolist(), "", None, reward=SCORES[i], ref_logprobs=REF[i, :n].tolist(),
+                    values=VALUES[i, :n].tolist()) for i, n in enumerate(LENGTHS)]
+
+
+def _padded(rows: list[list[float]]) -> torch.Tensor:
+    return torch.tensor([row + [0.0] * (5 - len(row)) for row in rows], dtype=torch.float64)
+
+
+def _verl_token_rewards() -> torch.Tensor:
+    """verl compute_rewards: the scores at each response's last token, minus kl_ratio x k1."""
+    scores = torch.zeros(4, 5, dtype=torch.float64)
+    for i, n in enumerate(LENGTHS):
+        scores[i, n - 1] = SCORES[i]
+    return core_algos.compute_rewards(scores, LOGP, REF, 0.1) * MASK
+
+
+def test_kl_in_the_reward_then_gae_matches_verl():
+    s = settings(estimator="gae", normalize=True, gamma=1.0, lam=0.95, kl_reward=0.1)
+    advantages, returns = token_advantages(_rollouts(), s)
+    expected, expected_returns = core_algos.compute_gae_advantage_return(_verl_token_rewards(), VALUES, MASK, 1.0, 0.95)
+    assert torch.allclose(_padded(advantages), expected * MASK, atol=TOL)
+    assert torch.allclose(_padded(returns), expected_returns * MASK, atol=TOL)
+    without, _ = token_advantages(_rollouts(), settings(estimator="gae", normalize=True, gamma=1.0, lam=0.95))
+    assert not torch.allclose(_padded(without), _padded(advantages), atol=1e-3)  # the KL moved them
+
+
+def test_kl_in_the_reward_then_grpo_matches_verl():
+    s = settings(estimator="grpo", normalize=True, kl_reward=0.1, group=2)
+    advantages, _ = token_advantages(_rollouts(), s)
+    expected, _ = core_algos.compute_grpo_outcome_advantage(_verl_token_rewards(), MASK, np.array([0, 0, 1, 1]))
+    assert torch.allclose(_padded(advantages), expected * MASK, atol=TOL)

@@ -124,3 +124,13 @@ def test_the_new_loss_options_reach_the_trainers_settings(tmp_path):
     settings = CpuExecutors(compile_with_passes(path).plan(), tmp_path)._settings()
     assert (settings.kl_estimator, settings.mismatch, settings.mismatch_cap, settings.mismatch_floor,
             settings.ratio, settings.dual_clip) == ("k3_plus", "seq_mis", 3.0, 0.25, "sequence", 3.0)
+
+
+def test_kl_in_the_reward_without_a_reference_stage_is_refused_at_the_option(aspc, tmp_path):
+    path = tmp_path / "p.aspl"
+    text = (ROOT / "pipelines" / "dapo_32b.aspl").read_text()
+    path.write_text(text.replace("stage update = train(actor, gen, adv) on learner {",
+                                 "stage update = train(actor, gen, adv) on learner { kl_reward = 0.05,"))
+    result = aspc("check", str(path))
+    assert result.exit_code == 1, result.output
+    assert "p.aspl:20:" in result.output and "needs input 'ref_logprobs' (kl_reward = 0.05)" in result.output

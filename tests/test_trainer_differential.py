@@ -101,7 +101,15 @@ MODES = {
     "seq-tis": {"mismatch": "seq_tis"},
     "token-mis": {"mismatch": "token_mis", "mismatch_floor": 0.8, "mismatch_cap": 1.5},
     "seq-mis-with-tis": {"mismatch": "seq_mis", "off_policy": "tis", "is_cap": 1.5},
+    "ppo-gae-in-8-units": {"loss": "ppo", "estimator": "gae", "normalize": True},
 }
+UNITS = {"ppo-gae-in-8-units": 8}  # the megatron trainer takes these modes' samples streamed in units; the CPU at once
+
+
+def units(mode: str, rollouts: list[Rollout]) -> list[list[Rollout]]:
+    count = UNITS.get(mode, 1)
+    size = -(-len(rollouts) // count)
+    return [rollouts[k:k + size] for k in range(0, len(rollouts), size)]
 
 
 def test_both_trainers_call_the_reward_function_the_same_way(one_rank):  # noqa: F811

@@ -23,7 +23,8 @@ from aspc.backends.ascend.lowering import lower  # noqa: E402
 from aspc.cli.toolchain import compile_with_passes  # noqa: E402
 from megatron_cpu import run_job  # noqa: E402
 from test_ascend_load import write_checkpoint  # noqa: E402
-from test_trainer_differential import GRPO, LONGEST, MODES, cpu_step, samples, settings_for, task_reward  # noqa: E402
+from test_trainer_differential import (GRPO, LONGEST, MODES, cpu_step, samples, settings_for, task_reward,  # noqa: E402
+                                      units)
 
 PACKINGS = {"one-a-row": LONGEST, "packed-24": 24, "packed-64": 64}
 NO_CLIP = {"grad_clip": 1e9, "lr": 0.0}  # the norm is computed, nothing clipped; the weights stay
@@ -78,7 +79,8 @@ def every_mode(rank: int, stage: dict) -> dict:
             t.stage["micro_batching"]["tokens"] = tokens
             rollouts = samples(t.settings.estimator == "gae")
             t.reward(rollouts)
-            t.train(rollouts)
+            for unit in units(mode, rollouts):  # GAE whitened over the step whatever the units
+                t.train(unit)
             stats = t.optimizer_step()
             out[mode, packing] = stats, reshard.to_hf(arch, dict(grads))
     return out

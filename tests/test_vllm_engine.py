@@ -65,13 +65,14 @@ def save_checkpoint(directory: Path, tied: bool = False) -> None:
 
 
 def write_pipeline(folder: Path, schedule: str = "sync", temperature: float = TEMPERATURE, tied: bool = False,
-                   dtype: str | None = None) -> Path:
+                   dtype: str | None = None, train_options: str = "") -> Path:
     if not (folder / "qwen").exists():
         save_checkpoint(folder / "qwen", tied)
     (folder / "length_reward.py").write_text(REWARD)
     path = folder / f"vllm_{schedule}.aspl"
     actor_options = f" {{ dtype = {dtype} }}" if dtype else ""
-    path.write_text(PIPELINE.format(schedule=schedule, temperature=temperature, actor_options=actor_options))
+    text = PIPELINE.format(schedule=schedule, temperature=temperature, actor_options=actor_options)
+    path.write_text(text.replace("kl = 0.01 }", f"kl = 0.01{train_options} }}"))
     return path
 
 
@@ -228,6 +229,35 @@ def test_aspc_run_trains_through_vllm_with_the_mismatch_in_every_row(tmp_path, s
         assert max(r["mismatch_max"] for r in compared) > 10 * TOLERANCE
     if schedule == "sync":  # every sample of sync comes from the weights it trains: steps 2, 3 after refreshes
         assert len(compared) == 3
+
+
+@pytest.mark.parametrize("dtype", [None, "bf16"])
+def test_auto_chooses_each_steps_mismatch_correction_from_the_real_engines_measured_mismatch(tmp_path, dtype):
+    """mismatch = auto on the real engine: every row shows the measured mismatch and the correction
+    the step used; the first is token_tis (nothing measured yet), each next one follows auto's rule
+    on the last row's sequence ratios; in fp32 the engine agrees with the trainer to ~1e-6, so auto
+    turns the correction off."""
+    from aspc.rl.mismatch import FIRST_AUTO_CHOICE, auto_choice
+
+    path = write_pipeline(tmp_path, "sync", dtype=dtype, train_options=", mismatch = auto")
+    metrics = tmp_path / "m.jsonl"
+    result = subprocess.run([sys.executable, "-m", "aspc.cli.main", "run", str(path), "--steps", "3",
+                             "--warmstart", "0", "--metrics", str(metrics)],
+                            capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [r for r in metrics_rows(metrics) if isinstance(r.get("step"), int)]
+    assert [r["step"] for r in rows] == [1, 2, 3] and all(r["mismatch_sequences"] == 8 for r in rows)
+    assert rows[0]["mismatch_correction"] == FIRST_AUTO_CHOICE
+    for last, row in zip(rows, rows[1:]):
+        n = last["mismatch_sequences"]
+        expected = auto_choice(n, round(last["mismatch_sequences_moved"] * n),
+                               round(last["mismatch_sequences_outside"] * n))
+        assert row["mismatch_correction"] == expected, (last, row)
+    if dtype is None:
+        assert [r["mismatch_correction"] for r in rows[1:]] == ["none", "none"]
+    else:  # bf16's rounding moves some sequence ratio by more than 1%: a correction, and its weights
+        assert all(r["mismatch_max"] > 10 * TOLERANCE for r in rows)
+        assert any(r["mismatch_correction"] != "none" and "mismatch_weight_mean" in r for r in rows[1:])
 
 
 def test_a_killed_engine_process_stops_the_run_naming_it_and_keeps_every_finished_step(tmp_path):

@@ -60,6 +60,7 @@ class ControllerConfig:
     rebalance: RebalancePolicy | None = None  # runtime rebalancing (rebalance.py); None: off
     max_prompts: int = 0  # dynamic sampling: prompts one step may generate (dynamic_sampling.py); 0: off
     stop_at_bound: bool = False  # dynamic sampling: a step at max_prompts ends the run instead of padding
+    train_whole_step: bool = False  # advantages whitened over the step: its units train once all are ready
     mini_batches: int = 1  # optimizer steps per generation phase (the train stage's mini_batches)
 
     def phase_start(self, step: int) -> int:
@@ -119,8 +120,17 @@ class ControllerConfig:
             executors=executors, gen_pool=gen.pool, checkpoint_every=checkpoint_every,
             tool_workers=dict(environments[0].options)["tool_workers"] if environments else 0,
             max_prompts=max_prompts, stop_at_bound=dict(train.options).get("at_oversample_bound") == "stop",
-            rebalance=_rebalancing(plan),
+            rebalance=_rebalancing(plan), train_whole_step=whitens_over_step(plan),
             mini_batches=dict(train.options).get("mini_batches", 1))
+
+
+def whitens_over_step(plan: ExecutionPlan) -> bool:
+    """PPO's GAE advantages whitened (`normalize = true`) over the step's every sample, as under
+    sync: a unit's policy loss needs the step's statistics, so the step's units train together once
+    the last is ready (its forward stages still stream), and asp optimises sync's objective."""
+    advantage = next(iter(plan.stages_of("advantage")), None)
+    options = dict(advantage.options) if advantage is not None else {}
+    return options.get("estimator") == "gae" and bool(options.get("normalize"))
 
 
 def _staleness_gate(plan: ExecutionPlan, train: StagePlan) -> int:

@@ -131,10 +131,16 @@ class Learner:
             self.train_ready[train.step].append(train)
 
     def runnable_train(self, version: int) -> list[Work]:
-        """Train works of the step whose weights are current (training is in step order)."""
+        """Train works of the step whose weights are current (training is in step order); with
+        `train_whole_step`, only once every unit of the step is ready (config.whitens_over_step)."""
         queue = self.train_ready[version]
-        if not queue:
+        if not queue or (self.config.train_whole_step and not self._every_unit_ready(version)):
             return []
         works = list(queue)
         queue.clear()
         return works
+
+    def _every_unit_ready(self, step: int) -> bool:
+        """Every sample of the step is in a unit, and every unit waits in the train queue."""
+        return (self.grouped[step] == self.config.samples_per_step
+                and len(self.train_ready[step]) == self.train_left[step])

@@ -92,6 +92,8 @@ def _check_train(graph: StageGraph, train: Stage, sink: DiagnosticSink) -> None:
     inputs = graph.inputs(train.name)
     if train.option("kl") > 0 and "ref_logprobs" not in inputs:
         _missing(train, "ref_logprobs", f" (kl = {train.option('kl')})", sink, "kl")
+    if (train.option("kl_reward") or 0) > 0 and "ref_logprobs" not in inputs:  # a loss option: absent at default
+        _missing(train, "ref_logprobs", f" (kl_reward = {train.option('kl_reward')})", sink, "kl_reward")
     if train.option("loss") == "ppo" and "values" not in inputs:
         _missing(train, "values", " (ppo needs a critic)", sink, "loss")
     if train.model in graph.models and graph.models[train.model].frozen_of:

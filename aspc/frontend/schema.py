@@ -180,6 +180,8 @@ LOSS_OPTIONS = (
                "tokens above it", lo=1),
     OptionSpec("value_clip", "float", 0.0, "PPO value clipping: predictions held within this of the critic "
                "stage's values (0: off)", lo=0),
+    OptionSpec("kl_reward", "float", 0.0, "KL to the reference subtracted from the reward, per token (k1 of "
+               "the engine's log-probs, verl's use_kl_in_reward); needs a reference stage", lo=0),
     OptionSpec("kl_estimator", "enum", "k3", "the KL penalty's estimator (Schulman): k1 log-ratio, k2 half its "
                "square, k3 (verl's low_var_kl, clamped), k3_plus (verl's k3+) k3's value with k2's gradient",
                choices=("k1", "k2", "k3", "k3_plus")),

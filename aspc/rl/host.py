@@ -151,7 +151,7 @@ class RunHost:
             off_policy=t["off_policy"], is_cap=t["is_cap"],
             value_clip=t["value_clip"], temperature=generate["temperature"], kl_estimator=t["kl_estimator"],
             dual_clip=t["dual_clip"], ratio=t["ratio"], mismatch=t["mismatch"], mismatch_cap=t["mismatch_cap"],
-            mismatch_floor=t["mismatch_floor"])
+            mismatch_floor=t["mismatch_floor"], kl_reward=t["kl_reward"])
 
     def shaping(self, settings: TrainSettings | None = None) -> Shaping:
         settings = settings or self.settings()

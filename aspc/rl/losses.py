@@ -33,11 +33,12 @@ class LossDefaults(TypedDict):
     mismatch: str
     mismatch_cap: float
     mismatch_floor: float
+    kl_reward: float
 
 
 LOSS_DEFAULTS: LossDefaults = {"loss_agg": None, "off_policy": "clip", "is_cap": 2.0, "value_clip": 0.0,
                                "kl_estimator": "k3", "dual_clip": 3.0, "ratio": "token", "mismatch": "none",
-                               "mismatch_cap": 2.0, "mismatch_floor": 0.5}
+                               "mismatch_cap": 2.0, "mismatch_floor": 0.5, "kl_reward": 0.0}
 
 
 class NonFiniteError(ValueError):
@@ -74,15 +75,25 @@ def _advantages(r: torch.Tensor, estimator: str, normalize: bool) -> torch.Tenso
     return adv
 
 
-def gae(reward: float, values: list[float], gamma: float, lam: float) -> tuple[list[float], list[float]]:
-    """Token advantages and returns for one response whose reward arrives at its last token."""
+def gae(reward: float, values: list[float], gamma: float, lam: float,
+        token_rewards: list[float] | None = None) -> tuple[list[float], list[float]]:
+    """Token advantages and returns for one response whose reward arrives at its last token, plus
+    `token_rewards` at each token (KL in the reward: kl_rewards)."""
     advantages, running = [0.0] * len(values), 0.0
     for t in reversed(range(len(values))):
         next_value = values[t + 1] if t + 1 < len(values) else 0.0
-        delta = (reward if t == len(values) - 1 else 0.0) + gamma * next_value - values[t]
+        here = (reward if t == len(values) - 1 else 0.0) + (token_rewards[t] if token_rewards else 0.0)
+        delta = here + gamma * next_value - values[t]
         running = delta + gamma * lam * running
         advantages[t] = running
     return advantages, [a + v for a, v in zip(advantages, values)]
+
+
+def kl_rewards(logp: list[float], ref_logp: list[float], coef: float, mask: list[int] | None = None) -> list[float]:
+    """The KL in the reward, per token: -coef (log pi - log ref), k1 (verl compute_rewards, its
+    use_kl_in_reward's default kl_penalty = kl), 0 where `mask` is 0 (tool tokens)."""
+    mask = mask or [1] * len(logp)
+    return [-coef * (p - q) * m for p, q, m in zip(logp, ref_logp, mask)]
 
 
 def whiten(advantages: list[list[float]], skip: list[bool]) -> list[list[float]]:

@@ -127,16 +127,18 @@ class Mismatch:
             self.weighted += int(on.sum())
 
     def metrics(self, correction: str | None = None) -> dict:
-        """mismatch_abs (mean |d| per token), mismatch_max, mismatch_kl (per token), mismatch_tokens,
-        mismatch_sequences_outside (the share of fresh sequences whose ratio is outside [floor,
-        cap]); where the stage corrects (`correction` not None), mismatch_correction (the mode this
-        step used: auto's choice, none included) and the weights' mean, max and share truncated or
-        masked. Nothing when no token was generated under the
-        trainer's weights (every sample stale)."""
+        """mismatch_abs (mean |d| per token), mismatch_max, mismatch_kl (per token), mismatch_tokens;
+        auto's inputs: mismatch_sequences (fresh sequences), mismatch_sequences_moved (the share whose
+        ratio is beyond 1% of 1) and mismatch_sequences_outside (the share outside [floor, cap]).
+        Where the stage corrects (`correction` not None): mismatch_correction (the mode this step
+        used: auto's choice, none included) and the weights' mean, max and share truncated or
+        masked. Nothing when no token was generated under the trainer's weights (every sample stale)."""
         if not self.tokens:
             return {}
         found: dict[str, float | str] = {"mismatch_abs": self.abs_sum / self.tokens, "mismatch_max": self.largest,
                  "mismatch_kl": self.kl_sum / self.tokens, "mismatch_tokens": self.tokens,
+                 "mismatch_sequences": self.counts[0],
+                 "mismatch_sequences_moved": self.counts[1] / max(self.counts[0], 1),
                  "mismatch_sequences_outside": self.counts[2] / max(self.counts[0], 1)}
         if correction is None:
             return found

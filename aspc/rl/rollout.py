@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from aspc.rl.losses import LOSS_DEFAULTS, default_aggregation, gae, group_advantages, overlong_penalty, whiten
+from aspc.rl.losses import (LOSS_DEFAULTS, default_aggregation, gae, group_advantages, kl_rewards, overlong_penalty,
+                             whiten)
 
 
 @dataclass
@@ -63,29 +64,56 @@ class TrainSettings:
     mismatch: str = LOSS_DEFAULTS["mismatch"]  # aspc/rl/mismatch.py's MODES
     mismatch_cap: float = LOSS_DEFAULTS["mismatch_cap"]
     mismatch_floor: float = LOSS_DEFAULTS["mismatch_floor"]
+    kl_reward: float = LOSS_DEFAULTS["kl_reward"]  # 0: no KL in the reward
     temperature: float = 1.0  # the sampling temperature: log-probs are of the logits over it
 
     @property
     def aggregation(self) -> str:
         return self.loss_agg or default_aggregation(self.loss)
 
+    @property
+    def whitens_over_step(self) -> bool:
+        """GAE whitened over the step's every sample (the controller hands its units together:
+        aspc/controller/config.py's whitens_over_step): a trainer defers their policy loss to the step."""
+        return self.estimator == "gae" and self.normalize
+
 
 def token_advantages(rollouts: list[Rollout], s: TrainSettings) -> tuple[list[list[float]], list]:
-    """Each rollout's response-token advantages, and with GAE its returns (else None), for one unit of
-    whole groups, as every trainer trains them: GRPO/DAPO/RLOO's group advantage on every token, or
-    GAE over the critic's values, whitened over the unit where the advantage stage normalizes (verl
-    compute_gae_advantage_return). A masked sample (failed score) has advantage 0 and returns equal
-    to its values."""
+    """Each rollout's response-token advantages, and with GAE its returns (else None), for whole
+    groups, as every trainer trains them: GRPO/DAPO/RLOO's group advantage on every token, or GAE
+    over the critic's values, whitened over the rollouts given where the advantage stage normalizes
+    (verl compute_gae_advantage_return; trainers give the step's: step_advantages). A masked sample
+    (failed score) has advantage 0 and returns equal to its values."""
     if s.estimator == "gae":
-        pairs = [gae(r.reward, _critic_values(r), s.gamma, s.lam) if not r.masked
+        pairs = [gae(r.reward, _critic_values(r), s.gamma, s.lam, _kl_in_reward(r, s)) if not r.masked
                  else ([0.0] * len(_critic_values(r)), list(_critic_values(r))) for r in rollouts]
         advantages = [a for a, _ in pairs]
         if s.normalize:
             advantages = whiten(advantages, [r.masked for r in rollouts])
         return advantages, [ret for _, ret in pairs]
-    scalar = group_advantages([r.reward for r in rollouts], s.group, s.estimator, s.normalize,
-                              [r.masked for r in rollouts])
+    scalar = group_advantages([r.reward + sum(_kl_in_reward(r, s) or []) for r in rollouts], s.group, s.estimator,
+                              s.normalize, [r.masked for r in rollouts])
     return [[a] * len(r.response) for a, r in zip(scalar, rollouts)], [None] * len(rollouts)
+
+
+def step_advantages(units: list[list[Rollout]], s: TrainSettings) -> list[tuple[list, list]]:
+    """Each unit's token advantages and returns, computed over the step's units together (GAE
+    whitened over the step, as under sync)."""
+    advantages, returns = token_advantages([r for unit in units for r in unit], s)
+    out, start = [], 0
+    for unit in units:
+        out.append((advantages[start:start + len(unit)], returns[start:start + len(unit)]))
+        start += len(unit)
+    return out
+
+
+def _kl_in_reward(r: Rollout, s: TrainSettings) -> list[float] | None:
+    """Each token's KL to the reference in the reward (kl_reward), of the engine's log-probs (verl
+    takes the trainer's recomputed ones: equal where the engine agrees); None without it."""
+    if not s.kl_reward:
+        return None
+    assert r.ref_logprobs is not None, f"sample {r.key}: kl_reward without the reference's log-probs"
+    return kl_rewards(r.behaviour_logprobs, r.ref_logprobs, s.kl_reward, r.loss_mask)
 
 
 def _critic_values(rollout: Rollout) -> list[float]:

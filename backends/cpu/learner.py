@@ -19,7 +19,7 @@ from aspc.backends.cpu.model import published_state
 from aspc.rl.losses import NonFiniteError, step_divisor, value_loss
 from aspc.rl.mismatch import Mismatch, MismatchCorrection
 from aspc.rl.objective import TokenTerms, micro_batch_loss
-from aspc.rl.rollout import Rollout, Shaping, TaskReward, TrainSettings, token_advantages
+from aspc.rl.rollout import Rollout, Shaping, TaskReward, TrainSettings, step_advantages, token_advantages
 from aspc.algorithms.packing import first_fit_decreasing
 
 
@@ -36,6 +36,7 @@ class Learner:
         self.correction = MismatchCorrection(settings.mismatch)  # the mode of this step (auto: chosen per step)
         self.step_stats = self._new_stats()
         self.version = 0  # optimizer steps taken: the version of the weights it publishes next
+        self.deferred: list[list[Rollout]] = []  # the step's units, when GAE is whitened over the step
 
     # ---- forward stages ----
     def reward(self, rollouts: list[Rollout]) -> None:
@@ -54,16 +55,37 @@ class Learner:
 
     # ---- training ----
     def train(self, rollouts: list[Rollout]) -> None:
-        """Accumulate gradients for one unit (whole groups) of the current step."""
+        """Accumulate gradients for one unit (whole groups) of the current step. With GAE whitened
+        over the step, the critic trains on the unit now (its returns are not whitened) and the
+        policy once the optimizer step has the step's every unit."""
         self._require_finite_rewards(rollouts)
         token_adv, returns = self._advantages(rollouts)
         self._require_finite_advantages(rollouts, token_adv)
+        if self.critic is not None:
+            self._train_values(rollouts, returns)
+        if self.s.whitens_over_step:
+            self.deferred.append(rollouts)
+            return
+        self._train_policy(rollouts, token_adv)
+
+    def _train_deferred(self) -> None:
+        units, self.deferred = self.deferred, []
+        for unit, (token_adv, _) in zip(units, step_advantages(units, self.s)):
+            self._require_finite_advantages(unit, token_adv)
+            self._train_policy(unit, token_adv)
+
+    def _laid_out(self, rollouts: list[Rollout]):
+        """(indices, rollouts, batch, loss mask) of each micro-batch."""
         for chunk_idx in self._micro_batch_indices(rollouts):
             chunk = [rollouts[i] for i in chunk_idx]
             batch = shared_prompt_batch([(r.prompt, r.response) for r in chunk])
             mask = batch.response_mask()
             if chunk[0].loss_mask is not None:  # tool tokens: attended to, in no loss term
                 mask = mask * _pad([r.loss_mask for r in chunk], batch.width)
+            yield chunk_idx, chunk, batch, mask
+
+    def _train_policy(self, rollouts: list[Rollout], token_adv: list[list[float]]) -> None:
+        for chunk_idx, chunk, batch, mask in self._laid_out(rollouts):
             logp, entropy = token_logprobs(self.actor, batch, self.s.temperature)
             ref = _pad([r.ref_logprobs for r in chunk], batch.width) if chunk[0].ref_logprobs is not None else None
             fresh = torch.tensor([[float(r.policy_version == self.version)] for r in chunk]).expand_as(mask)
@@ -72,13 +94,15 @@ class Learner:
             found = micro_batch_loss(terms, self.s, self.correction.mode)
             self._require_finite_loss(float(found.loss.detach()), "policy", chunk)
             found.loss.backward()
-            if self.critic is not None:
-                self.step_stats.value_loss += self._value_loss(chunk, batch, mask, [returns[i] for i in chunk_idx])
             self.step_stats.add(chunk, float(found.loss.detach()), found.tokens, found.clipped_tokens)
             self.step_stats.add_weights([self.version - r.policy_version for r in chunk], found.correction, mask)
             self.step_stats.mismatch.add(logp, terms.rollout_logp, mask * fresh)
             if found.mismatch is not None:
                 self.step_stats.mismatch.add_weights(found.mismatch)
+
+    def _train_values(self, rollouts: list[Rollout], returns: list) -> None:
+        for chunk_idx, chunk, batch, mask in self._laid_out(rollouts):
+            self.step_stats.value_loss += self._value_loss(chunk, batch, mask, [returns[i] for i in chunk_idx])
 
     def _advantages(self, rollouts: list[Rollout]):
         return token_advantages(rollouts, self.s)
@@ -119,7 +143,9 @@ class Learner:
                            "stage's lr, or set grad_clip, and continue from the last checkpoint with --resume")
 
     def _stop(self, reason: str) -> None:
-        """Discard the step's gradients (the weights are untouched) and raise NonFiniteError."""
+        """Discard the step's gradients and deferred units (the weights are untouched) and raise
+        NonFiniteError."""
+        self.deferred = []
         for model in (self.actor, self.critic):
             if model is not None:
                 model.zero_grad(set_to_none=True)
@@ -128,6 +154,7 @@ class Learner:
     def optimizer_step(self) -> dict:
         """Divide the summed gradients by the step's divisor (losses.step_divisor), clip, and step,
         once every gradient norm is known to be finite."""
+        self._train_deferred()
         stats = self.step_stats
         scale = step_divisor(self.s.aggregation, stats.sequences, stats.tokens, self.s.max_tokens)
         norms = {"actor": _clip(self.actor, scale, self.s.grad_clip)}
