@@ -279,3 +279,31 @@ def test_the_forward_only_path_scales_bf16_logits_by_the_temperature_in_fp32():
     [(ours, in_bf16)] = run_job(1, train_stage()["config"], logprob_errors_at_temperature, 0.7)
     assert ours < 1e-5
     assert in_bf16 > 1e-2  # what bf16 division would have cost
+
+
+def auto_choices(rank: int, stage: dict) -> dict:
+    """One step with mismatch = auto: this rank's counts of fresh sequences and the mode it chose next."""
+    t = trainer(stage, rank, mismatch="auto")
+    counts = []
+    record = t._mismatch_after_step
+
+    def recorded():
+        counts.append(list(t.mismatch.counts))
+        return record()
+
+    t._mismatch_after_step = recorded
+    first = t.correction.mode
+    step(t)
+    return {"first": first, "counts": counts[0], "next": t.correction.mode}
+
+
+def test_auto_chooses_one_correction_for_every_data_parallel_rank_from_their_summed_counts(tmp_path):
+    from aspc.rl.mismatch import FIRST_AUTO_CHOICE, auto_choice
+
+    stage = stage_on(2, checkpoint(tmp_path))
+    stage["micro_batching"]["tokens"] = 16  # a few rows a unit: both ranks train some
+    ranks = run_job(2, stage["config"], auto_choices, stage)
+    assert all(r["counts"][0] > 0 for r in ranks)  # each rank measured sequences of its own
+    total = [sum(r["counts"][k] for r in ranks) for k in range(3)]
+    assert {r["first"] for r in ranks} == {FIRST_AUTO_CHOICE}
+    assert {r["next"] for r in ranks} == {auto_choice(*total)}
