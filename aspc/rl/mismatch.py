@@ -132,9 +132,10 @@ class Mismatch:
         ratio is beyond 1% of 1) and mismatch_sequences_outside (the share outside [floor, cap]).
         Where the stage corrects (`correction` not None): mismatch_correction (the mode this step
         used: auto's choice, none included) and the weights' mean, max and share truncated or
-        masked. Nothing when no token was generated under the trainer's weights (every sample stale)."""
+        masked. Only the mode when no token was generated under the trainer's weights (every sample
+        stale: nothing measured, nothing corrected)."""
         if not self.tokens:
-            return {}
+            return {} if correction is None else {"mismatch_correction": correction}
         found: dict[str, float | str] = {"mismatch_abs": self.abs_sum / self.tokens, "mismatch_max": self.largest,
                  "mismatch_kl": self.kl_sum / self.tokens, "mismatch_tokens": self.tokens,
                  "mismatch_sequences": self.counts[0],
