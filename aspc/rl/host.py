@@ -147,11 +147,8 @@ class RunHost:
             weight_decay=t["weight_decay"], grad_clip=t["grad_clip"], overlong=t["overlong"],
             max_tokens=generate["max_tokens"], estimator=adv["estimator"],
             gamma=adv["gamma"], lam=adv["lam"], normalize=adv["normalize"], group=self.data.group,
-            critic_lr=dict(critic[0].options)["lr"] if critic else 1e-5, loss_agg=t["loss_agg"],
-            off_policy=t["off_policy"], is_cap=t["is_cap"],
-            value_clip=t["value_clip"], temperature=generate["temperature"], kl_estimator=t["kl_estimator"],
-            dual_clip=t["dual_clip"], ratio=t["ratio"], mismatch=t["mismatch"], mismatch_cap=t["mismatch_cap"],
-            mismatch_floor=t["mismatch_floor"], kl_reward=t["kl_reward"])
+            critic_lr=dict(critic[0].options)["lr"] if critic else 1e-5, temperature=generate["temperature"],
+            **{name: t[name] for name in LOSS_DEFAULTS})  # the loss options are TrainSettings' fields by name
 
     def shaping(self, settings: TrainSettings | None = None) -> Shaping:
         settings = settings or self.settings()
