@@ -157,6 +157,10 @@ class CpuVllmEngine(VllmEngine):
     def _ready(self) -> None:
         """Start the engine, form its weight-transfer group and load the first weights (once)."""
         if self.sender is None:
+            # started before the group forms, never beside the sender's join thread: an engine start sets
+            # environment variables and builds vLLM's own gloo groups in this process, and gloo's group
+            # constructor on that thread crashed the process once in CI while the engine started
+            self.start()
             self.sender = GlooSender()
             self.sender.connect(self)
         if self.initial is not None:

@@ -211,6 +211,10 @@ class VllmEngine:
                 self._llm = self.api.LLM(**self.launch["config"])
         return self._llm
 
+    def start(self) -> None:
+        """Start the engine now (`llm` starts it on first use otherwise)."""
+        _ = self.llm
+
     @property
     def busy(self) -> bool:
         return bool(self.requests)
