@@ -94,6 +94,11 @@ def _check_train(graph: StageGraph, train: Stage, sink: DiagnosticSink) -> None:
         _missing(train, "ref_logprobs", f" (kl = {train.option('kl')})", sink, "kl")
     if (train.option("kl_reward") or 0) > 0 and "ref_logprobs" not in inputs:  # a loss option: absent at default
         _missing(train, "ref_logprobs", f" (kl_reward = {train.option('kl_reward')})", sink, "kl_reward")
+    model = graph.models.get(train.model)
+    if (train.option("routing_replay") or "none") != "none" and model is not None and not model.arch.experts:
+        sink.error(train.option_span("routing_replay") or train.span,
+                   f"routing_replay = {train.option('routing_replay')} replays the experts a mixture-of-experts "
+                   f"model routed each token to, and '{train.model}' is dense", "remove routing_replay")
     if train.option("loss") == "ppo" and "values" not in inputs:
         _missing(train, "values", " (ppo needs a critic)", sink, "loss")
     if train.model in graph.models and graph.models[train.model].frozen_of:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from aspc.ir.facts import ModelArch
 
-ARCHITECTURES = ("qwen2", "qwen3", "llama")  # config.json model_type values the CPU decoder runs
+ARCHITECTURES = ("qwen2", "qwen3", "qwen3_moe", "llama")  # config.json model_type values the CPU decoder runs
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -58,13 +58,15 @@ def _check_supported(config: dict) -> None:
     kind = config.get("model_type")
     if kind not in ARCHITECTURES:
         raise HfConfigError(f"model_type {kind!r} is not supported",
-                            "the CPU backend runs dense " + ", ".join(ARCHITECTURES) + " checkpoints")
+                            "the CPU backend runs " + ", ".join(ARCHITECTURES) + " checkpoints")
     problems = [why for bad, why in (
         (config.get("hidden_act", "silu") != "silu", f"hidden_act {config.get('hidden_act')!r} (silu only)"),
         (_rope_type(config) != "default", f"rope scaling {_rope_type(config)!r} (plain RoPE only)"),
         (bool(config.get("attention_bias")), "attention_bias (an output-projection bias)"),
         (bool(config.get("mlp_bias")), "mlp_bias"),
         (bool(config.get("use_sliding_window")), "sliding-window attention"),
+        (bool(config.get("mlp_only_layers")), "mlp_only_layers (dense layers among the experts)"),
+        (config.get("decoder_sparse_step", 1) != 1, "decoder_sparse_step (experts in every k-th layer only)"),
     ) if bad]
     if problems:
         raise HfConfigError(f"this {kind} checkpoint uses " + ", ".join(problems) + ", which the CPU "
@@ -98,13 +100,22 @@ def _read_arch(config: dict) -> ModelArch:
             vocab=int(config["vocab_size"]), tied=bool(config.get("tie_word_embeddings", False)),
             qkv_bias=config["model_type"] == "qwen2", max_seq=int(config.get("max_position_embeddings", 4096)),
             rope_theta=_rope_theta(config), norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-            qk_norm=config["model_type"] == "qwen3")
+            qk_norm=config["model_type"] in ("qwen3", "qwen3_moe"), **_experts(config))
     except ZeroDivisionError:
         raise HfConfigError("config.json has num_attention_heads = 0") from None
     except KeyError as error:
         raise HfConfigError(f"config.json lacks {error.args[0]!r}") from None
     except (TypeError, ValueError) as error:
         raise HfConfigError(f"config.json has a value of the wrong type ({error})") from None
+
+
+def _experts(config: dict) -> dict:
+    """A Qwen3-MoE config's routed experts (transformers 5 saves num_experts as num_local_experts)."""
+    if config["model_type"] != "qwen3_moe":
+        return {}
+    experts = int(config.get("num_experts") or config["num_local_experts"])
+    return {"experts": experts, "top_k": int(config["num_experts_per_tok"]),
+            "expert_ffn": int(config["moe_intermediate_size"]), "norm_topk": bool(config.get("norm_topk_prob"))}
 
 
 def _missing_files(directory: Path) -> tuple[tuple[str, str], ...]:

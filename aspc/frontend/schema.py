@@ -196,6 +196,9 @@ LOSS_OPTIONS = (
     OptionSpec("mismatch_cap", "float", 2.0, "the mismatch weight's upper bound: tis truncates at it, mis "
                "masks above it", lo=1),
     OptionSpec("mismatch_floor", "float", 0.5, "mis masks mismatch weights below it", lo=0, hi=1, lo_open=True),
+    OptionSpec("routing_replay", "enum", "none", "mixture-of-experts routing: rollout (R3, rollout routing replay: "
+               "the trainer's forward takes the experts the engine chose for each token) or none (its router "
+               "chooses)", choices=("none", "rollout")),
 )
 STAGES: dict[str, dict[str, OptionSpec]] = {
     "generate": _opts(

@@ -68,6 +68,8 @@ class ModelArch:
     rope_theta: float = field(default=10000.0, metadata={"omit_if_default": True})
     norm_eps: float = field(default=1e-6, metadata={"omit_if_default": True})
     qk_norm: bool = field(default=False, metadata={"omit_if_default": True})  # Qwen3: RMSNorm on q and k per head
+    # a router's top-k weights renormalised to sum to 1 (Qwen3-MoE's norm_topk_prob; megatron's topk-then-softmax)
+    norm_topk: bool = field(default=False, metadata={"omit_if_default": True})
 
     @property
     def moe_layers(self) -> int:

@@ -100,7 +100,7 @@ class RunHost:
 
     def rollout(self, sample, finished, prompt: Prompt) -> Rollout:
         rollout = Rollout(finished.prompt, finished.response, finished.logprobs, prompt.text, prompt.answer,
-                          prompt.metadata, key=sample, policy_version=finished.version)
+                          prompt.metadata, key=sample, policy_version=finished.version, routes=finished.routes)
         if finished.episode is not None:
             rollout.loss_mask, rollout.episode = finished.mask, finished.episode
             rollout.text = final_answer(finished.response, finished.mask)

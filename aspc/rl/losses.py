@@ -38,7 +38,7 @@ class LossDefaults(TypedDict):
 
 LOSS_DEFAULTS: LossDefaults = {"loss_agg": None, "off_policy": "clip", "is_cap": 2.0, "value_clip": 0.0,
                                "kl_estimator": "k3", "dual_clip": 3.0, "ratio": "token", "mismatch": "none",
-                               "mismatch_cap": 2.0, "mismatch_floor": 0.5, "kl_reward": 0.0}
+                               "mismatch_cap": 2.0, "mismatch_floor": 0.5, "kl_reward": 0.0, "routing_replay": "none"}
 
 
 class NonFiniteError(ValueError):

@@ -6,6 +6,7 @@ the same way everywhere: function(prompt, response text, answer, metadata)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass, field
 
 from aspc.rl.losses import (LOSS_DEFAULTS, default_aggregation, gae, group_advantages, kl_rewards, overlong_penalty,
@@ -32,6 +33,7 @@ class Rollout:
     episode: dict | None = None  # agentic: turns, tool calls, why it ended (aspc/controller/episodes.py)
     text: str | None = None  # what the reward reads (agentic: the final answer); None: the whole response
     policy_version: int = 0  # the policy it was generated under (the published weights' version)
+    routes: Any = None  # MoE: the engine's experts per position, int16 [positions, moe layers, top_k] (R3)
 
 
 @dataclass
@@ -65,6 +67,7 @@ class TrainSettings:
     mismatch_cap: float = LOSS_DEFAULTS["mismatch_cap"]
     mismatch_floor: float = LOSS_DEFAULTS["mismatch_floor"]
     kl_reward: float = LOSS_DEFAULTS["kl_reward"]  # 0: no KL in the reward
+    routing_replay: str = LOSS_DEFAULTS["routing_replay"]  # none | rollout (R3: the engine's experts replayed)
     temperature: float = 1.0  # the sampling temperature: log-probs are of the logits over it
 
     @property

@@ -452,6 +452,11 @@ def trainer_refusals(stage) -> list[StageRefusal]:
         found.append(StageRefusal(stage.name, f"stage '{stage.name}': an entropy bonus needs the whole vocabulary's "
                                               f"logits, and tp = {stage.parallel.tp} splits them across ranks",
                                   "set entropy_coef = 0, or tp = 1", "entropy_coef"))
+    if options.get("routing_replay", "none") != "none":
+        found.append(StageRefusal(stage.name, f"stage '{stage.name}': routing_replay = {options['routing_replay']} "
+                                              "needs vllm-ascend's routed experts carried into megatron's router "
+                                              "replay, which the NPU path does not do yet",
+                                  "remove routing_replay, or run with --backend cpu", "routing_replay"))
     return found + _sequence_level_refusals(stage, options)
 
 

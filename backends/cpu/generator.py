@@ -3,7 +3,9 @@ waiting one takes it at once) or static batches (the sync-naive baseline: a batc
 until its longest member ends). Sampling is seeded per sample, so a sample's tokens do not depend
 on which other sequences share its batch. Each token's log-probability is recorded under the
 distribution it was sampled from (the logits over the temperature): the rollout log-probs that
-off-policy correction weighs a stale sample by."""
+off-policy correction weighs a stale sample by. With `record_routes`, a mixture-of-experts model's
+choice of experts at each position it computes is kept too (Finished.routes): the routes that
+rollout routing replay (R3) makes the trainer's forward take."""
 from __future__ import annotations
 
 from collections import deque
@@ -11,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from aspc.backends.cpu.model import KVCache, TinyQwen, cache_mask
+from aspc.backends.cpu.model import KVCache, Routing, TinyQwen, cache_mask
 from aspc.rl.tokenizer import EOS
 
 
@@ -37,7 +39,11 @@ class Sequence:
     episode: object = None  # an agentic episode's state (episodes.py)
     turn_start: int = 0  # where the current model turn starts in the response
     version: int = 0  # the policy version it started generating under (PolicyWeights.version)
+    routes: list[torch.Tensor] = field(default_factory=list)  # [positions, moe layers, top_k] per forward
 
+    def finished(self) -> Finished:
+        routes = torch.cat(self.routes) if self.routes else None
+        return Finished(self.key, self.prompt, self.response, self.logprobs, version=self.version, routes=routes)
 
 
 @dataclass(frozen=True)
@@ -49,12 +55,19 @@ class Finished:
     mask: list[int] | None = None  # agentic: 1 where the model wrote the token, 0 where a tool did
     episode: dict | None = None  # agentic: how the episode went (turns, tool calls, why it ended)
     version: int = 0  # the policy version it started generating under (PolicyWeights.version)
+    # the experts each position of prompt + response but the last went to, int16 [positions, moe layers, top_k]
+    # (vLLM's CompletionOutput.routed_experts); None unless the generator records them
+    routes: torch.Tensor | None = None
 
 
 class BatchGenerator:
     def __init__(self, model: TinyQwen, slots: int, max_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, static: bool = False, eos_ids: frozenset = frozenset({EOS})):
+                 top_p: float = 1.0, static: bool = False, eos_ids: frozenset = frozenset({EOS}),
+                 record_routes: bool = False):
+        if record_routes and not model.arch.experts:
+            raise ValueError("only a mixture-of-experts model has routes to record")
         self.model, self.slots, self.max_tokens = model, slots, max_tokens
+        self.record_routes = record_routes
         self.eos_ids = eos_ids  # the tokenizer's: a token that ends a response
         self.temperature, self.top_p, self.static = temperature, top_p, static
         self.cache = KVCache(model.arch, slots, model.arch.max_seq)
@@ -81,10 +94,22 @@ class BatchGenerator:
         last = torch.tensor([[s.response[-1]] for s in seqs])
         positions = torch.tensor([[len(s.prompt) + len(s.response) - 1] for s in seqs])
         slots = torch.tensor([s.slot for s in seqs])
-        logits = self.model(last, positions, cache_mask(positions), self.cache, slots)[:, -1]
-        for seq, row in zip(seqs, logits):
+        routing = self.routing()
+        logits = self.model(last, positions, cache_mask(positions), self.cache, slots, routing)[:, -1]
+        for i, (seq, row) in enumerate(zip(seqs, logits)):
+            self.keep_routes(seq, routing, i, 1)
             self._sample(seq, row)
         return self._collect()
+
+    def routing(self) -> Routing | None:
+        """What a forward records its routes in, where this generator keeps them."""
+        return Routing() if self.record_routes else None
+
+    @staticmethod
+    def keep_routes(seq: Sequence, routing: Routing | None, row: int, positions: int) -> None:
+        """The first `positions` routes of batch row `row` of a forward that fed `seq`'s next positions."""
+        if routing is not None:
+            seq.routes.append(routing.routes()[row, :positions].to(torch.int16))
 
     @torch.no_grad()
     def _admit(self) -> None:
@@ -109,9 +134,11 @@ class BatchGenerator:
         tokens = torch.tensor([seq.prompt + [0] * (width - len(seq.prompt)) for seq in joining])
         positions = torch.arange(width)[None].expand(len(joining), width)
         slots = torch.tensor([seq.slot for seq in joining])
-        hidden = self.model.hidden_states(tokens, positions, cache_mask(positions), self.cache, slots)
+        routing = self.routing()
+        hidden = self.model.hidden_states(tokens, positions, cache_mask(positions), self.cache, slots, routing)
         last = hidden[torch.arange(len(joining)), torch.tensor([len(seq.prompt) - 1 for seq in joining])]
-        for seq, row in zip(joining, self.model.logits(last)):  # a vocabulary's logits at one position each
+        for i, (seq, row) in enumerate(zip(joining, self.model.logits(last))):  # one position's logits each
+            self.keep_routes(seq, routing, i, len(seq.prompt))
             self._sample(seq, row)
 
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> None:
@@ -134,7 +161,7 @@ class BatchGenerator:
             full = len(seq.prompt) + len(seq.response) >= limit
             if seq.response[-1] in self.eos_ids or len(seq.response) >= self.max_tokens or full:
                 del self.active[slot]
-                done.append(Finished(seq.key, seq.prompt, seq.response, seq.logprobs, version=seq.version))
+                done.append(seq.finished())
         return done
 
     def load_weights(self, weights: PolicyWeights | dict) -> None:

@@ -24,16 +24,21 @@ _LAYER = {  # within blocks.N. (ours) and model.layers.N. (theirs)
     "attn.q_norm.weight": "self_attn.q_norm.weight", "attn.k_norm.weight": "self_attn.k_norm.weight",
     **{f"attn.{p}.{kind}": f"self_attn.{p}_proj.{kind}" for p in "qkvo" for kind in ("weight", "bias")},
     **{f"mlp.{p}.weight": f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")},
+    "mlp.router.weight": "mlp.gate.weight",  # Qwen3-MoE's router
 }
+_EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate|up|down)\.weight$")  # one expert's SwiGLU, as a checkpoint stores it
 CONFIG_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 _NOT_COPIED = re.compile(r"^(config\.json|(model|pytorch_model).*\.(safetensors|bin)(\.index\.json)?)$")
 
 
 def hf_name(name: str) -> str:
-    """Our parameter name -> the Hugging Face one (Qwen2, Qwen3 and Llama share the scheme)."""
+    """Our parameter name -> the Hugging Face one (Qwen2, Qwen3, Qwen3-MoE and Llama share the scheme)."""
     if name in _TOP:
         return _TOP[name]
     _, layer, rest = name.split(".", 2)  # blocks.N.rest
+    expert = _EXPERT.match(rest)
+    if expert:
+        return f"model.layers.{layer}.mlp.experts.{expert[1]}.{expert[2]}_proj.weight"
     return f"model.layers.{layer}.{_LAYER[rest]}"
 
 

@@ -13,7 +13,8 @@ import math
 
 import torch
 
-from aspc.backends.cpu.batching import prompt_groups, shared_prompt_batch, token_logprobs, token_values
+from aspc.backends.cpu.batching import (prompt_groups, shared_prompt_batch, sharing_keys, token_logprobs,
+                                        token_values)
 from aspc.backends.cpu.generator import PolicyWeights
 from aspc.backends.cpu.model import published_state
 from aspc.rl.losses import NonFiniteError, step_divisor, value_loss
@@ -78,7 +79,7 @@ class Learner:
         """(indices, rollouts, batch, loss mask) of each micro-batch."""
         for chunk_idx in self._micro_batch_indices(rollouts):
             chunk = [rollouts[i] for i in chunk_idx]
-            batch = shared_prompt_batch([(r.prompt, r.response) for r in chunk])
+            batch = shared_prompt_batch([(r.prompt, r.response) for r in chunk], self._routes(chunk))
             mask = batch.response_mask()
             if chunk[0].loss_mask is not None:  # tool tokens: attended to, in no loss term
                 mask = mask * _pad([r.loss_mask for r in chunk], batch.width)
@@ -178,7 +179,11 @@ class Learner:
         return PolicyWeights(self.version, published_state(self.actor))
 
     def _micro_batch_indices(self, rollouts: list[Rollout]) -> list[list[int]]:
-        return micro_batch_indices(rollouts, self.s.micro_tokens)
+        return micro_batch_indices(rollouts, self.s.micro_tokens, self._routes(rollouts))
+
+    def _routes(self, rollouts: list[Rollout]) -> list | None:
+        """The engine's routes to replay in the policy's forward (routing_replay = rollout, R3)."""
+        return [r.routes for r in rollouts] if self.s.routing_replay != "none" else None
 
     def _micro_batches(self, rollouts: list[Rollout]) -> list[list[Rollout]]:
         return [[rollouts[i] for i in idx] for idx in self._micro_batch_indices(rollouts)]
@@ -196,13 +201,15 @@ class ReferencePass:
         reference_logprobs(self.model, rollouts, self.s)
 
 
-def micro_batch_indices(rollouts: list[Rollout], micro_tokens: int) -> list[list[int]]:
+def micro_batch_indices(rollouts: list[Rollout], micro_tokens: int, routes: list | None = None) -> list[list[int]]:
     """Micro-batches of whole prompt groups, whose prompt goes through the model once
-    (batching.shared_prompt_batch), packed first-fit-decreasing by the tokens a group's row holds
-    (its prompt and every response) within `micro_tokens`; a group over it is split in pieces."""
+    (batching.shared_prompt_batch; with `routes` to replay, a group whose prompt took other experts is
+    a row of its own), packed first-fit-decreasing by the tokens a group's row holds (its prompt and
+    every response) within `micro_tokens`; a group over it is split in pieces."""
     pieces: list[list[int]] = []
     sizes: list[int] = []
-    for prompt, members in prompt_groups(r.prompt for r in rollouts).items():
+    for members in prompt_groups(sharing_keys([r.prompt for r in rollouts], routes)).values():
+        prompt = rollouts[members[0]].prompt
         pieces.append([])
         sizes.append(len(prompt))
         for i in members:

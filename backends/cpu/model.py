@@ -1,8 +1,9 @@
 """A Qwen-style decoder at tiny sizes: RMSNorm, rotary embeddings, grouped-query attention,
 SwiGLU; with q/k/v biases (Qwen2) and per-head q/k norms (Qwen3) it is also the Qwen2, Qwen3 and
-Llama decoder of Hugging Face checkpoints (hf_weights.py). Deterministic initialisation from a
-seed. One forward serves training (a causal mask over whole sequences) and generation (a KV cache
-with one slot per sequence).
+Llama decoder of Hugging Face checkpoints (hf_weights.py); with routed experts it is Qwen3-MoE's
+decoder (`MoE`), whose forward records each token's experts or replays given ones (`Routing`: rollout
+routing replay, R3). Deterministic initialisation from a seed. One forward serves training (a causal
+mask over whole sequences) and generation (a KV cache with one slot per sequence).
 
 A model whose plan says `dtype = bf16` computes in bf16 with its weights in fp32 (`compute_in`):
 its matrix products run under `torch.autocast` (the CPU's AMX or AVX-512 bf16 units), the residual
@@ -10,6 +11,7 @@ stream, norms and softmax stay fp32, and the optimizer updates the fp32 weights 
 as Megatron's `bf16` keeps fp32 main parameters. fp16 and fp32 compute in fp32."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import torch
@@ -93,25 +95,79 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, arch: ModelArch):
+    """SwiGLU: the dense model's feed-forward, and one expert of a mixture."""
+
+    def __init__(self, hidden: int, ffn: int):
         super().__init__()
-        self.gate = nn.Linear(arch.hidden, arch.ffn, bias=False)
-        self.up = nn.Linear(arch.hidden, arch.ffn, bias=False)
-        self.down = nn.Linear(arch.ffn, arch.hidden, bias=False)
+        self.gate = nn.Linear(hidden, ffn, bias=False)
+        self.up = nn.Linear(hidden, ffn, bias=False)
+        self.down = nn.Linear(ffn, hidden, bias=False)
 
     def forward(self, x):
         return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
-class Block(nn.Module):
+@dataclass
+class Routing:
+    """Which experts each token goes to in one forward, MoE layer by MoE layer: the router's choice,
+    or where `replay` names experts (ids >= 0), those (rollout routing replay, R3: the trainer computes
+    its log-probs through the experts the engine sampled with). `chosen` keeps what each layer used."""
+
+    replay: torch.Tensor | None = None  # [B, T, moe layers, top_k]; -1 where none was recorded
+    chosen: list[torch.Tensor] = field(default_factory=list)  # per MoE layer: [B, T, top_k]
+
+    def route(self, choice: torch.Tensor) -> torch.Tensor:
+        """The experts the next MoE layer uses, given its router's `choice` [B, T, top_k]."""
+        if self.replay is not None:
+            given = self.replay[:, :, len(self.chosen)]
+            choice = torch.where(given >= 0, given.to(choice.dtype), choice)
+        self.chosen.append(choice)
+        return choice
+
+    def routes(self) -> torch.Tensor:
+        """[B, T, moe layers, top_k]: every layer's experts."""
+        return torch.stack(self.chosen, dim=2)
+
+
+class MoE(nn.Module):
+    """Qwen3-MoE's sparse feed-forward: a router's softmax over the experts, the top k taken (their
+    weights renormalised where `norm_topk`), each token through its k SwiGLU experts. The weights are
+    the router's probabilities at the experts used, so a replayed route still trains the router."""
+
     def __init__(self, arch: ModelArch):
         super().__init__()
-        self.attn_norm, self.attn = RMSNorm(arch.hidden, arch.norm_eps), Attention(arch)
-        self.mlp_norm, self.mlp = RMSNorm(arch.hidden, arch.norm_eps), MLP(arch)
+        self.router = nn.Linear(arch.hidden, arch.experts, bias=False)
+        self.experts = nn.ModuleList(MLP(arch.hidden, arch.expert_ffn) for _ in range(arch.experts))
+        self.top_k, self.norm_topk = arch.top_k, arch.norm_topk
 
-    def forward(self, x, cos, sin, mask, **cache_args):
+    def forward(self, x, routing: Routing | None = None):
+        probs = torch.softmax(self.router(x).float(), -1)
+        chosen = probs.topk(self.top_k, -1).indices
+        if routing is not None:
+            chosen = routing.route(chosen)
+        weights = probs.gather(-1, chosen)
+        if self.norm_topk:
+            weights = weights / weights.sum(-1, keepdim=True)
+        flat, chosen, weights = x.reshape(-1, x.shape[-1]), chosen.reshape(-1, self.top_k), weights.view(-1, self.top_k)
+        out = torch.zeros(flat.shape, dtype=torch.float32)
+        for index, expert in enumerate(self.experts):
+            token, slot = torch.where(chosen == index)
+            if len(token):
+                out = out.index_add(0, token, expert(flat[token]).float() * weights[token, slot, None])
+        return out.to(x.dtype).view_as(x)
+
+
+class Block(nn.Module):
+    def __init__(self, arch: ModelArch, sparse: bool = False):
+        super().__init__()
+        self.attn_norm, self.attn = RMSNorm(arch.hidden, arch.norm_eps), Attention(arch)
+        self.mlp_norm = RMSNorm(arch.hidden, arch.norm_eps)
+        self.mlp = MoE(arch) if sparse else MLP(arch.hidden, arch.ffn)
+
+    def forward(self, x, cos, sin, mask, routing=None, **cache_args):
         x = x + self.attn(self.attn_norm(x), cos, sin, mask, **cache_args)
-        return x + self.mlp(self.mlp_norm(x))
+        h = self.mlp_norm(x)
+        return x + (self.mlp(h, routing) if isinstance(self.mlp, MoE) else self.mlp(h))
 
 
 class TinyQwen(nn.Module):
@@ -121,13 +177,14 @@ class TinyQwen(nn.Module):
 
     def __init__(self, arch: ModelArch, seed: int = 0, value_head: bool = False):
         super().__init__()
-        if arch.experts:
-            raise ValueError("the CPU backend's decoder is dense; mixture-of-experts models are not supported yet")
+        if arch.shared_experts or arch.attention != "gqa":
+            raise ValueError("the CPU backend's decoder has no shared experts and no multi-head latent attention")
         self.arch = arch
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             self.embed = nn.Embedding(arch.vocab, arch.hidden)
-            self.blocks = nn.ModuleList(Block(arch) for _ in range(arch.layers))
+            self.blocks = nn.ModuleList(Block(arch, sparse=bool(arch.experts) and layer >= arch.dense_layers)
+                                        for layer in range(arch.layers))
             self.norm = RMSNorm(arch.hidden, arch.norm_eps)
             self.head = None if arch.tied else nn.Linear(arch.hidden, arch.vocab, bias=False)
             self.value = nn.Linear(arch.hidden, 1) if value_head else None
@@ -139,7 +196,7 @@ class TinyQwen(nn.Module):
         self.register_buffer("cos", torch.cat((angles, angles), -1).cos(), persistent=False)
         self.register_buffer("sin", torch.cat((angles, angles), -1).sin(), persistent=False)
 
-    def hidden_states(self, tokens, positions, mask, cache=None, slots=None):
+    def hidden_states(self, tokens, positions, mask, cache=None, slots=None, routing: Routing | None = None):
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
         x = self.embed(tokens)
         if cache is not None:
@@ -147,7 +204,7 @@ class TinyQwen(nn.Module):
         with self._autocast():
             for layer, block in enumerate(self.blocks):
                 args = {} if cache is None else dict(cache=cache, layer=layer, slots=slots, positions=positions)
-                x = block(x, cos, sin, mask, **args)
+                x = block(x, cos, sin, mask, routing=routing, **args)
         return self.norm(x)
 
     def logits(self, hidden):
@@ -158,8 +215,8 @@ class TinyQwen(nn.Module):
         low = self.compute_dtype != torch.float32
         return torch.autocast("cpu", dtype=self.compute_dtype if low else torch.bfloat16, enabled=low)
 
-    def forward(self, tokens, positions, mask, cache=None, slots=None):
-        return self.logits(self.hidden_states(tokens, positions, mask, cache, slots))
+    def forward(self, tokens, positions, mask, cache=None, slots=None, routing: Routing | None = None):
+        return self.logits(self.hidden_states(tokens, positions, mask, cache, slots, routing))
 
     def values(self, tokens, positions, mask):
         return self.value(self.hidden_states(tokens, positions, mask)).squeeze(-1)

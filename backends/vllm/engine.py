@@ -114,6 +114,7 @@ class Finished:
     episode: Any = None
     mask: Any = None
     version: int = 0  # the policy version loaded when the request was submitted
+    routes: Any = None  # never recorded here: routing_replay is refused with vLLM engines (vLLM-CPU; the NPU path)
 
 
 @dataclass(frozen=True)
