@@ -58,7 +58,13 @@ def megatron_on_cpu():
         (rng, "_get_cuda_rng_state", lambda *a, **k: device_rng["state"]),  # the RNG tracker's fork (random.py:248)
         (rng, "_set_cuda_rng_state", lambda state, *a, **k: device_rng.update(state=state)),  # and its restore
     ]
-    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+
+    # the MoE router's gating (RouterGatingLinearFunction, moe_utils.py:1192) reads te_general_gemm, which
+    # moe_utils defines only when Transformer Engine imports (moe_utils.py:25-39): without it, torch's matmul
+    if not hasattr(moe_utils, "te_general_gemm"):
+        patches.append((moe_utils, "te_general_gemm", None))
+    saved = [(owner, name, getattr(owner, name, None)) for owner, name, _ in patches]
     for owner, name, value in patches:
         setattr(owner, name, value)
     try:

@@ -182,17 +182,6 @@ def test_a_custom_moe_is_not_sent_to_vllm_as_a_dense_llama(tmp_path):
     assert len(found) == 1 and "a custom model goes to vLLM as a (dense) Llama config" in found[0].message, found
 
 
-def test_the_npu_trainer_refuses_routing_replay_until_it_replays(tmp_path):
-    from aspc.backends.ascend.run_executors import trainer_refusals
-
-    path = tmp_path / "p.aspl"
-    path.write_text((ROOT / "pipelines" / "grpo_30b_moe.aspl").read_text()
-                    .replace("micro_tokens = 16k", "micro_tokens = 16k, routing_replay = rollout"))
-    train = compile_with_passes(path).plan().stages_of("train")[0]
-    found = [r for r in trainer_refusals(train) if r.option == "routing_replay"]
-    assert len(found) == 1 and "megatron's router replay" in found[0].message, found
-
-
 @pytest.mark.parametrize("mode", ["none", "rollout"])
 def test_the_option_reaches_the_trainers_settings(tmp_path, mode):
     from aspc.backends.cpu.executors import CpuExecutors

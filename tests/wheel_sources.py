@@ -57,6 +57,17 @@ class Sources:
                     sources.add(inner, archive.read(name).decode("utf-8", errors="replace"))
         return sources
 
+    @classmethod
+    def installed(cls, package: str) -> Sources:
+        """The .py files of an installed package (megatron-core 0.16.1, the test extra's)."""
+        import importlib.util
+
+        root = Path(next(iter(importlib.util.find_spec(package).submodule_search_locations)))  # a namespace too
+        sources = cls()
+        for path in sorted(root.rglob("*.py")):
+            sources.add(f"{package}/{path.relative_to(root).as_posix()}", path.read_text(encoding="utf-8"))
+        return sources
+
     def add(self, filename: str, text: str) -> None:
         self.texts[filename[:-3].replace("/", ".").removesuffix(".__init__")] = text
 

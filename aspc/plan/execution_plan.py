@@ -184,6 +184,11 @@ class ExecutionPlan:
         trainer_devices = {d for inst in train.instances for d in inst.devices}
         return stage.pool == train.pool and all(set(inst.devices) & trainer_devices for inst in stage.instances)
 
+    def replays_routes(self) -> bool:
+        """Whether a train stage replays the engine's MoE routes (routing_replay = rollout): the
+        engines must record each token's experts."""
+        return any(dict(t.options).get("routing_replay", "none") != "none" for t in self.stages_of("train"))
+
     def to_json(self) -> str:
         doc = {"format": PLAN_FORMAT, "version": PLAN_VERSION, **jsonable(self)}
         return json.dumps(doc, indent=2, sort_keys=True) + "\n"

@@ -34,6 +34,7 @@ class LossDefaults(TypedDict):
     mismatch_cap: float
     mismatch_floor: float
     kl_reward: float
+    routing_replay: str
 
 
 LOSS_DEFAULTS: LossDefaults = {"loss_agg": None, "off_policy": "clip", "is_cap": 2.0, "value_clip": 0.0,

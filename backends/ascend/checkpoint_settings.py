@@ -53,8 +53,11 @@ PRESETS = {
 
 def checkpoint_settings(model: ModelPlan) -> CheckpointSettings:
     """hf(...) models: what their config.json said; presets: their checkpoint's; custom models: the
-    defaults of the CPU backend's decoder (RMSNorm 1e-6, RoPE base 1e4)."""
+    defaults of the CPU backend's decoder (RMSNorm 1e-6, RoPE base 1e4). A router whose top-k weights
+    are not renormalised (Qwen3-MoE's norm_topk_prob false; custom models) takes its softmax over every
+    expert before the top k: megatron's moe_router_pre_softmax (its default renormalises them)."""
     if model.preset in PRESETS:
         return PRESETS[model.preset]
     arch = model.arch
-    return CheckpointSettings(norm_eps=arch.norm_eps, rope_base=arch.rope_theta, qk_norm=arch.qk_norm)
+    router = {"moe_router_pre_softmax": True} if arch.experts and not arch.norm_topk else {}
+    return CheckpointSettings(norm_eps=arch.norm_eps, rope_base=arch.rope_theta, qk_norm=arch.qk_norm, router=router)

@@ -86,6 +86,8 @@ def engine_args(plan: ExecutionPlan, stage: StagePlan, base_dir: Path | None, sh
     args["load_format"] = "dummy"  # the trainer's first weight refresh brings the weights
     args["weight_transfer_config"] = {"backend": transfer_backend(stage)}
     args["additional_config"] = dict(RL_ADDITIONAL_CONFIG)
+    if plan.replays_routes():  # each output's routed_experts (vllm-ascend's model_runner_v1 captures them)
+        args["enable_return_routed_experts"] = True
     return args
 
 

@@ -30,6 +30,7 @@ class MicroBatch:
     spans: list  # each sequence's (first, end) label positions of its response tokens
     ref_logprobs: torch.Tensor | None = None  # the reference's, where the rollouts have them (the KL term)
     segments: torch.Tensor | None = None  # [1, T]: the sequence each position is of (the loss's per-sequence means)
+    routes: torch.Tensor | None = None  # [1, T, moe layers, top_k]: the engine's experts, to replay (R3)
 
     def to(self, device) -> MicroBatch:
         """This micro-batch with its tensors on `device`."""
@@ -51,9 +52,10 @@ def feed(batches: list[MicroBatch], model) -> Iterator[MicroBatch]:
     return (mb.to(device) for mb in batches)
 
 
-def pack(rollouts: list, tokens: int, advantages: dict | None = None) -> list[MicroBatch]:
+def pack(rollouts: list, tokens: int, advantages: dict | None = None, routes: bool = False) -> list[MicroBatch]:
     """First-fit-decreasing into rows of at most `tokens` (the pack pass's token budget);
-    `advantages`: sample key -> its advantage (0 for a forward-only pass)."""
+    `advantages`: sample key -> its advantage (0 for a forward-only pass); `routes`: lay out the
+    rollouts' recorded experts (MicroBatch.routes)."""
     rows: list[list] = []
     for r in sorted(rollouts, key=lambda r: -(len(r.prompt) + len(r.response))):
         length = len(r.prompt) + len(r.response)
@@ -64,7 +66,28 @@ def pack(rollouts: list, tokens: int, advantages: dict | None = None) -> list[Mi
             rows.append([r])
         else:
             row.append(r)
-    return [_micro_batch(row, tokens, advantages or {}) for row in rows]
+    batches = [_micro_batch(row, tokens, advantages or {}) for row in rows]
+    if routes:
+        for batch, row in zip(batches, rows):
+            batch.routes = _routes(row, tokens)
+    return batches
+
+
+def _routes(row: list, tokens: int) -> torch.Tensor:
+    """A row's MicroBatch.routes: each sample's recorded experts at its positions; elsewhere (each
+    sample's last token, which the engine never computed, and the padding: no loss reads either, and
+    the block-diagonal mask keeps them from every other position) experts 0..top_k-1."""
+    missing = next((r for r in row if r.routes is None), None)
+    if missing is not None:
+        raise ValueError(f"sample {missing.key} has no recorded routes: routing_replay needs the engine to record "
+                         "the experts of each token it generated")
+    _, layers, top_k = row[0].routes.shape
+    laid = torch.arange(top_k).expand(1, tokens, layers, top_k).clone()
+    at = 0
+    for r in row:
+        laid[0, at:at + len(r.routes)] = r.routes
+        at += len(r.prompt) + len(r.response)
+    return laid
 
 
 def _micro_batch(row: list, tokens: int, advantages: dict) -> MicroBatch:

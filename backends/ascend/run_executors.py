@@ -41,6 +41,7 @@ from aspc.backends.vllm.episodes import EpisodeEngine, EpisodeSettings, tool_for
 from aspc.backends.ascend.lowering import lower
 from aspc.backends.ascend.process_env import (node_address, node_addresses_from_env, resolved,
                                                socket_ifname_from_env)
+from aspc.backends.ascend.routing_replay import NPU_MEGATRON, REPLAY_SINCE
 from aspc.backends.ascend.scorers import close_scorers, scorer_refusals, stage_scorer
 from aspc.backends.ascend.topology import NPUS_PER_NODE, device, pool_offsets
 from aspc.controller.episodes import MASKED, EpisodePolicy
@@ -126,6 +127,11 @@ class AscendExecutors:
                 found += scorer_refusals(plan, stage)
             if stage.kind == "train":
                 found += trainer_refusals(stage)
+            if stage.kind == "environment" and plan.replays_routes():
+                found.append(StageRefusal(stage.name, f"stage '{stage.name}': an episode's turns are requests of "
+                                                      "their own, and the NPU path keeps the routes of a whole "
+                                                      "request only, not an episode's with its tool tokens",
+                                          "remove routing_replay, or run the episodes with --backend cpu"))
         return found
 
     # ---- the host side (aspc/rl/host.py) ----
@@ -453,11 +459,33 @@ def trainer_refusals(stage) -> list[StageRefusal]:
                                               f"logits, and tp = {stage.parallel.tp} splits them across ranks",
                                   "set entropy_coef = 0, or tp = 1", "entropy_coef"))
     if options.get("routing_replay", "none") != "none":
-        found.append(StageRefusal(stage.name, f"stage '{stage.name}': routing_replay = {options['routing_replay']} "
-                                              "needs vllm-ascend's routed experts carried into megatron's router "
-                                              "replay, which the NPU path does not do yet",
-                                  "remove routing_replay, or run with --backend cpu", "routing_replay"))
+        found += _routing_replay_refusals(stage, options)
     return found + _sequence_level_refusals(stage, options)
+
+
+def _routing_replay_refusals(stage, options: dict) -> list[StageRefusal]:
+    """The megatron trainer replays routes (routing_replay.py) through megatron-core's RouterReplay,
+    which the pinned NPU megatron-core lacks, on a rank that holds its rows' every token: not split
+    by sequence parallelism (tp > 1) or context parallelism, and with each micro-batch's recompute
+    right after its forward (no recompute under pipeline parallelism)."""
+    par, found = stage.parallel, []
+    if NPU_MEGATRON < REPLAY_SINCE:
+        found.append(StageRefusal(stage.name, f"stage '{stage.name}': routing_replay needs megatron-core's "
+                                              "RouterReplay (megatron-core 0.16 on), and the NPU install pins "
+                                              f"{'.'.join(map(str, NPU_MEGATRON))}, MindSpeed's pair",
+                                  "remove routing_replay, or run with --backend cpu", "routing_replay"))
+    for degree, name in ((par.tp, "tp"), (par.cp, "cp")):
+        if degree > 1:
+            found.append(StageRefusal(stage.name, f"stage '{stage.name}': routing_replay needs each rank's "
+                                                  f"routers to see whole rows, and {name} = {degree} splits them",
+                                      f"set {name} = 1 (ep and dp shard the experts and the rows), or remove "
+                                      "routing_replay", "routing_replay"))
+    if options.get("recompute") and par.pp > 1:
+        found.append(StageRefusal(stage.name, f"stage '{stage.name}': routing_replay with recompute needs each "
+                                              f"micro-batch's backward right after its forward, and pp = {par.pp} "
+                                              "interleaves them", "set recompute = false or pp = 1, or remove "
+                                              "routing_replay", "routing_replay"))
+    return found
 
 
 def _sequence_level_refusals(stage, options: dict) -> list[StageRefusal]:

