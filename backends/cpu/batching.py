@@ -158,7 +158,8 @@ def token_logprobs(model: TinyQwen, batch: Batch, temperature: float = 1.0,
     (`routing`, when given, keeps the experts the forward used)."""
     if routing is None and batch.routes is not None:
         routing = Routing(batch.routes)
-    hidden = gather_responses(model.hidden_states(batch.tokens, batch.positions, batch.mask, routing=routing), batch)
+    replay = {} if routing is None else {"routing": routing}  # a dense model's forward takes none
+    hidden = gather_responses(model.hidden_states(batch.tokens, batch.positions, batch.mask, **replay), batch)
     logits = model.logits(hidden)  # the head over response positions only (TRL's logits_to_keep)
     targets = batch.targets
     logp_all = torch.log_softmax(logits.float() / (temperature or 1.0), -1)
