@@ -78,6 +78,13 @@ def documented(filename: str) -> set[str]:
 
 
 # ---- vLLM and vllm-ascend ----
+def test_routing_replays_engine_argument_and_output_field_are_vllm_0_23s(vllm):
+    """routing_replay's engine argument (engine_args.py) and what VllmEngine._routes reads; no bundled
+    pipeline replays routes, so the per-pipeline check below does not see them."""
+    assert "enable_return_routed_experts" in dataclass_fields(vllm, "vllm.engine.arg_utils", "EngineArgs")
+    assert "routed_experts" in dataclass_fields(vllm, "vllm.outputs", "CompletionOutput")
+
+
 @pytest.mark.parametrize("name", PIPELINES)
 def test_engine_arguments_are_vllm_engine_args_fields(vllm, name):
     fields = dataclass_fields(vllm, "vllm.engine.arg_utils", "EngineArgs")

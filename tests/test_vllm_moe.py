@@ -39,3 +39,13 @@ def test_a_refreshed_moe_model_on_vllm_cpu_is_off_the_trainers_log_probs(tmp_pat
     gaps = [float((torch.tensor(f.logprobs) - recomputed_at(model, f, 1.0)).abs().max())
             for f in done.values()]
     assert max(gaps) > 1e-2, gaps  # a dense model's: < 1e-4 (TOLERANCE)
+
+
+def test_the_completion_output_has_the_routes_field_the_engine_reads():
+    """VllmEngine._routes reads CompletionOutput.routed_experts (its fakes carry it): the real class has it
+    (vLLM 0.23.0's, the NPU stack's, in tests/test_ascend_conformance.py)."""
+    import dataclasses
+
+    from vllm.outputs import CompletionOutput
+
+    assert "routed_experts" in {f.name for f in dataclasses.fields(CompletionOutput)}

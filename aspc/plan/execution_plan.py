@@ -99,6 +99,10 @@ class StagePlan:
     partial_rollout: int  # generate: max times a sample is split at weight syncs (0: off)
     options: tuple[tuple[str, Any], ...]
 
+    def replays_routes(self) -> bool:
+        """A train stage whose policy forward replays the engine's MoE routes (routing_replay = rollout)."""
+        return self.kind == "train" and dict(self.options).get("routing_replay", "none") != "none"
+
 
 @dataclass(frozen=True)
 class ChannelPlan:
@@ -187,7 +191,7 @@ class ExecutionPlan:
     def replays_routes(self) -> bool:
         """Whether a train stage replays the engine's MoE routes (routing_replay = rollout): the
         engines must record each token's experts."""
-        return any(dict(t.options).get("routing_replay", "none") != "none" for t in self.stages_of("train"))
+        return any(stage.replays_routes() for stage in self.stages_of("train"))
 
     def to_json(self) -> str:
         doc = {"format": PLAN_FORMAT, "version": PLAN_VERSION, **jsonable(self)}

@@ -327,7 +327,7 @@ def _megatron_model(model, stage: StagePlan, base_dir: Path | None, recompute: b
                 "checkpoint": vllm.engine_model(model, base_dir)}
     if stage.kind in ("train", "critic"):  # megatron's distributed optimizer, as the memory check priced it
         builders["distributed_optimizer"] = bool(dict(stage.options).get("distributed_optimizer", True))
-    if stage.kind == "train" and dict(stage.options).get("routing_replay", "none") != "none":
+    if stage.replays_routes():
         config["moe_enable_routing_replay"] = True  # the policy's routers replay the engine's experts (R3)
     # a critic's output layer is its value head (critic.py), never the embedding's transpose: verl builds
     # value models untied (verl/models/mcore/model_initializer.py, LinearForLastLayer)

@@ -88,9 +88,9 @@ class MegatronTrainer(Offloadable):
         self.deferred: list[list] = []  # the step's units, when GAE is whitened over the step
         self.offloaded: list = []  # the restore steps of what `offload` moved to host memory
         # the routers that replay the engine's experts (routing_replay = rollout; routing_replay.py)
-        self.routers = replay_routers(model, self.stage["config"].get("moe_layer_freq")) \
-            if self.settings.routing_replay != "none" else []
-        if self.settings.routing_replay != "none" and not self.routers and \
+        replays = self.settings.routing_replay != "none"
+        self.routers = replay_routers(model, self.stage["config"].get("moe_layer_freq")) if replays else []
+        if replays and not self.routers and \
                 any(hasattr(m, "router_replay") for m in model.modules()):  # a stage of dense layers has none
             raise ValueError("routing_replay: the policy's model has no router that replays; its megatron config "
                              "needs moe_enable_routing_replay (the lowering sets it): lower the pipeline again")

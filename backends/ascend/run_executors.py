@@ -458,7 +458,7 @@ def trainer_refusals(stage) -> list[StageRefusal]:
         found.append(StageRefusal(stage.name, f"stage '{stage.name}': an entropy bonus needs the whole vocabulary's "
                                               f"logits, and tp = {stage.parallel.tp} splits them across ranks",
                                   "set entropy_coef = 0, or tp = 1", "entropy_coef"))
-    if options.get("routing_replay", "none") != "none":
+    if stage.replays_routes():
         found += _routing_replay_refusals(stage, options)
     return found + _sequence_level_refusals(stage, options)
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from aspc.backends.cpu.generator import BatchGenerator, Finished, Sequence
+from aspc.backends.cpu.generator import BatchGenerator, Finished, Sequence, keep_routes, recorded
 from aspc.backends.cpu.model import cache_mask
 from aspc.rl.tokenizer import EOS, SYMBOLS, decode, encode
 from aspc.rl.tool_calls import COMPACT_CLOSE, PendingCall, compact_observation, parse_compact
@@ -135,7 +135,7 @@ class EpisodeGenerator(BatchGenerator):
         routing = self.routing()
         logits = self.model(torch.tensor([feed]), positions, cache_mask(positions), self.cache,
                             torch.tensor([seq.slot]), routing)
-        self.keep_routes(seq, routing, 0, len(feed))
+        keep_routes(seq, recorded(routing), 0, len(feed))
         self._sample(seq, logits[0, -1])
 
     def _finish(self, slot: int, seq: Sequence) -> Finished:

